@@ -1,0 +1,62 @@
+"""aiodlock: asyncio-native distributed locks.
+
+One API over Redis, ZooKeeper, MySQL and an in-process backend, with fencing tokens on every
+grant, a watchdog that cancels the guarded code when the lease is lost, and waiters woken by
+the service instead of sleep-polling::
+
+    import aiodlock
+
+    async with aiodlock.connect("redis://127.0.0.1:6379/0", namespace="shop") as locks:
+        async with locks.lock("order:42", timeout=5) as lease:
+            await ship(42, fencing_token=lease.fencing_token)
+"""
+
+from ._client import ClientStatistics as ClientStatistics, LockClient as LockClient, connect
+from ._exceptions import (
+    BackendError as BackendError,
+    LockError as LockError,
+    LockLostError as LockLostError,
+    LockNotOwnedError as LockNotOwnedError,
+    LockTimeoutError as LockTimeoutError,
+    StaleTokenError as StaleTokenError,
+    UnsupportedError as UnsupportedError,
+)
+from ._fencing import FencingGuard as FencingGuard
+from ._lease import Lease as Lease
+from ._locks import (
+    Lock as Lock,
+    LockStatistics as LockStatistics,
+    ReadLock as ReadLock,
+    Semaphore as Semaphore,
+    WriteLock as WriteLock,
+)
+from .backends._protocol import Capability as Capability
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "Capability",
+    "ClientStatistics",
+    "FencingGuard",
+    "Lease",
+    "Lock",
+    "LockClient",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockStatistics",
+    "LockTimeoutError",
+    "ReadLock",
+    "Semaphore",
+    "StaleTokenError",
+    "UnsupportedError",
+    "WriteLock",
+    "connect",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("aiodlock."):
+        _obj.__module__ = "aiodlock"
+del _name, _obj

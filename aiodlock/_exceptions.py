@@ -1,0 +1,71 @@
+"""The exception tree of aiodlock.
+
+Every error the library raises on purpose is one of these::
+
+    LockError
+     ├── LockTimeoutError      (also a TimeoutError)  acquire() waited `timeout` seconds
+     ├── LockLostError         the lease ended while it was held: the guarded body was cancelled
+     ├── LockNotOwnedError     release() of a lease that was already lost or released elsewhere
+     ├── StaleTokenError       a FencingGuard refused a fencing token older than one it has seen
+     ├── UnsupportedError      the backend lacks a capability; raised when the lock object is built
+     └── BackendError          the coordination service failed; the driver's exception is chained
+
+Bad arguments are ordinary ``ValueError`` / ``TypeError`` naming the argument; a missing
+optional driver is an ``ImportError`` that says which extra to install. Driver exceptions
+(redis-py, aiozk, aiomysql) never escape raw: backends translate them at their boundary.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "StaleTokenError",
+    "UnsupportedError",
+]
+
+
+class LockError(Exception):
+    """Base class of every error aiodlock raises on purpose."""
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """``acquire()`` (or ``async with``) did not get the lock within its ``timeout``.
+
+    It is also a :class:`TimeoutError`, so ``except TimeoutError`` catches it.
+    """
+
+
+class LockLostError(LockError):
+    """The lease ended while it was held.
+
+    Raised from ``async with lock:`` after the guarded body was cancelled because the watchdog
+    could not keep the lease alive: a renewal was refused, the connection or session is gone,
+    the pessimistic local validity deadline passed, or ``max_hold`` was reached.
+    """
+
+
+class LockNotOwnedError(LockError):
+    """``release()`` was called on a lease this client no longer owns (lost or expired)."""
+
+
+class StaleTokenError(LockError):
+    """A :class:`~aiodlock.FencingGuard` refused a fencing token older than the newest it saw."""
+
+
+class UnsupportedError(LockError):
+    """The backend cannot provide this kind of lock or option.
+
+    Raised when the lock object is built (``locks.read_lock(...)``), never later in
+    ``acquire()``, so an unsupported combination fails at the first line that names it.
+    """
+
+
+class BackendError(LockError):
+    """The coordination service failed: connection refused or lost, protocol error, timeout.
+
+    The driver's own exception is chained as ``__cause__``.
+    """

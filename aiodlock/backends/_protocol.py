@@ -1,0 +1,185 @@
+"""The contract between the lock kinds and a coordination service.
+
+A backend does one atomic step per call and knows nothing about waiting loops, watchdogs,
+reentrancy or cancellation bookkeeping: those are written once in :mod:`aiodlock._locks`.
+
+The contract, per method:
+
+``try_acquire(spec, owner, ttl)``
+    One atomic attempt, never waits. Returns :class:`Grant` (with a fencing token strictly
+    greater than every token handed out before for this lock) or :class:`Busy` (with how long,
+    at most, until it is worth asking again — the blocking holder's remaining lease, or the
+    heartbeat interval a fair-queue waiter must keep). ``owner`` is a fresh random string per
+    acquisition; a fair backend may enqueue ``owner`` on a ``Busy`` answer.
+
+``release(spec, owner)``
+    Release-if-owner. Idempotent: ``True`` if ``owner`` held it and no longer does, ``False``
+    if it did not hold it (already released, expired, or never granted). Must also remove a
+    fair-queue entry of ``owner``, so it doubles as the compensation for an acquire whose
+    outcome is unknown (cancelled in flight, connection dropped before the reply).
+
+``renew(spec, owner, ttl)``
+    Confirm ownership and extend the lease to ``ttl`` from now. ``False`` if ``owner`` no longer
+    holds it. Never resurrects an expired lease.
+
+``waiter(spec, owner)``
+    An async context manager. Entering it arms the wakeup (subscribes) and returns only once the
+    wakeup is live, so a check made after entering cannot miss a release. ``Waiter.wait(t)``
+    returns when woken or after ``t`` seconds. Wakeups are level-triggered: one that arrives
+    between two ``wait`` calls is kept and makes the next ``wait`` return at once. Spurious
+    wakeups are allowed (the caller always re-checks). Leaving it unsubscribes; it must leave
+    nothing behind even when cancelled.
+
+Driver exceptions are translated to :class:`~aiodlock.BackendError` inside the backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+__all__ = [
+    "Backend",
+    "Busy",
+    "Capability",
+    "Grant",
+    "Kind",
+    "LockSpec",
+    "Waiter",
+]
+
+
+class Capability(enum.Enum):
+    """What a backend can do; a lock kind that needs a missing one fails at construction."""
+
+    EXCLUSIVE = "exclusive"
+    """Mutual exclusion: ``locks.lock()``."""
+    SHARED = "shared"
+    """Reader/writer modes: ``locks.read_lock()`` and ``locks.write_lock()``."""
+    COUNTING = "counting"
+    """Up to N holders: ``locks.semaphore(limit=N)``."""
+    FAIR = "fair"
+    """FIFO handoff: ``locks.lock(name, fair=True)``."""
+    FENCING = "fencing"
+    """Every grant carries a strictly increasing fencing token."""
+    TTL_LEASE = "ttl_lease"
+    """A lease expires unless renewed (Redis, memory)."""
+    SESSION_LEASE = "session_lease"
+    """A lease lives as long as a session or connection (ZooKeeper, MySQL)."""
+    SERVER_WAKEUP = "server_wakeup"
+    """Waiters are woken by the service; nothing sleep-polls."""
+
+
+class Kind(enum.Enum):
+    """The lock kinds, each written once over the backend protocol."""
+
+    MUTEX = "mutex"
+    READ = "read"
+    WRITE = "write"
+    SEMAPHORE = "semaphore"
+
+    @property
+    def required(self) -> frozenset[Capability]:
+        """Capabilities a backend must declare to serve this kind."""
+        return _REQUIRED[self]
+
+
+_REQUIRED: dict[Kind, frozenset[Capability]] = {
+    Kind.MUTEX: frozenset({Capability.EXCLUSIVE}),
+    Kind.READ: frozenset({Capability.SHARED}),
+    Kind.WRITE: frozenset({Capability.SHARED}),
+    Kind.SEMAPHORE: frozenset({Capability.COUNTING}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LockSpec:
+    """Which lock a call is about: the backend derives its keys from ``namespace`` and ``name``.
+
+    Names are opaque: a backend must map every distinct ``(namespace, name)`` to distinct
+    storage, whatever characters the name contains.
+    """
+
+    namespace: str
+    name: str
+    kind: Kind
+    limit: int = 1
+    fair: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A successful attempt: the lock is ours, with this fencing token."""
+
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """A refused attempt.
+
+    ``retry_after`` caps the next wait in seconds: the blocking holder's remaining lease (so an
+    expired, crashed holder is replaced within milliseconds of its expiry), or a fair-queue
+    heartbeat. ``None`` when the backend's wakeup alone is enough.
+    """
+
+    retry_after: float | None
+
+
+class Waiter(Protocol):
+    """A live wakeup subscription for one waiting acquisition."""
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (or a wakeup was banked), or after ``timeout`` seconds."""
+        ...
+
+
+class Backend(Protocol):
+    """A coordination service, selected by URL scheme.
+
+    Implementations set ``capabilities`` and ``options`` (the extra keyword options the
+    backend accepts, each with a converter used for URL query strings), take the parsed URL
+    and the options in ``__init__``, and are opened and closed by the owning client.
+    """
+
+    capabilities: ClassVar[frozenset[Capability]]
+    options: ClassVar[Mapping[str, type]]
+
+    async def open(self) -> None:
+        """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable."""
+        ...
+
+    async def aclose(self) -> None:
+        """Disconnect and drop every subscription. Idempotent."""
+        ...
+
+    def check(self, spec: LockSpec) -> None:
+        """Raise :class:`~aiodlock.UnsupportedError` if ``spec`` cannot be served."""
+        ...
+
+    async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
+        """One atomic attempt (see the module docstring)."""
+        ...
+
+    async def release(self, spec: LockSpec, owner: str) -> bool:
+        """Release-if-owner, idempotent (see the module docstring)."""
+        ...
+
+    async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
+        """Confirm and extend; never resurrects (see the module docstring)."""
+        ...
+
+    def waiter(self, spec: LockSpec, owner: str) -> AbstractAsyncContextManager[Waiter]:
+        """Arm a wakeup for one waiting acquisition (see the module docstring)."""
+        ...
+
+    def describe(self) -> str:
+        """A short, password-free description for ``repr()`` and log lines."""
+        ...
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Backend counters (connections, subscriptions...) for ``LockClient.statistics()``."""
+        ...

@@ -1,0 +1,277 @@
+"""The in-process reference backend: every capability, same semantics, no server.
+
+``memory://`` is one store shared by every client in the process (so two clients exclude
+each other like two processes would on a server); ``memory://NAME`` is a separate named
+store. Leases expire on the event loop's clock exactly as they would on Redis, fencing tokens
+come from a per-name counter, waiters are woken directly (one per release, all for a writer's
+release), and fair locks hand over in arrival order.
+
+It is a product feature — embedded default, examples, and unit tests of your own code — and
+carries fault-injection hooks for such tests: :meth:`MemoryBackend.break_lock` drops the
+holders of a lock as if their leases had expired or the key had been deleted.
+
+Example::
+
+    async with aiodlock.connect("memory://") as locks:
+        async with locks.semaphore("pool", limit=2):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+from .._url import ParsedURL
+from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+
+__all__ = ["MemoryBackend"]
+
+_SLACK: Final = 0.001  # retry just after the blocking lease has run out
+
+
+@dataclass(slots=True)
+class _Holder:
+    kind: Kind
+    expires_at: float
+
+
+class _MemoryWaiter:
+    __slots__ = ("_event", "owner", "woken_last")
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._event = asyncio.Event()
+        self.woken_last = False
+
+    @property
+    def banked(self) -> bool:
+        return self._event.is_set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> None:
+        self.woken_last = False
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
+            except TimeoutError:
+                return
+        self._event.clear()
+        self.woken_last = True
+
+
+@dataclass(slots=True)
+class _Entry:
+    holders: dict[str, _Holder] = field(default_factory=dict)
+    queue: dict[str, float] = field(default_factory=dict)  # fair: owner -> liveness deadline
+    waiters: list[_MemoryWaiter] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.holders or self.queue or self.waiters)
+
+    def purge(self, now: float) -> None:
+        for owner in [o for o, h in self.holders.items() if h.expires_at <= now]:
+            del self.holders[owner]
+        for owner in [o for o, d in self.queue.items() if d <= now]:
+            del self.queue[owner]
+
+    def wake_one(self, exclude: _MemoryWaiter | None = None) -> None:
+        for waiter in self.waiters:
+            if waiter is not exclude and not waiter.banked:
+                waiter.wake()
+                return
+
+    def wake_all(self) -> None:
+        for waiter in self.waiters:
+            waiter.wake()
+
+    def wake_owner(self, owner: str) -> None:
+        for waiter in self.waiters:
+            if waiter.owner == owner:
+                waiter.wake()
+                return
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str, str], _Entry] = {}
+        self.fences: dict[tuple[str, str], int] = {}
+
+
+_STORES: dict[str, _Store] = {}
+
+
+def _family(kind: Kind) -> str:
+    # A name holds three independent lock families, as on every backend.
+    if kind is Kind.MUTEX:
+        return "mutex"
+    if kind is Kind.SEMAPHORE:
+        return "semaphore"
+    return "rw"
+
+
+class MemoryBackend:
+    """In-process backend with every capability (see the module docstring)."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.EXCLUSIVE,
+            Capability.SHARED,
+            Capability.COUNTING,
+            Capability.FAIR,
+            Capability.FENCING,
+            Capability.TTL_LEASE,
+            Capability.SERVER_WAKEUP,
+        }
+    )
+    options: ClassVar[Mapping[str, type]] = {}
+
+    def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        self._store_name = url.hosts[0][0] if url.hosts else ""
+        self._store = _STORES.setdefault(self._store_name, _Store())
+        self._waiting = 0
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
+    async def aclose(self) -> None:
+        """Nothing to disconnect."""
+
+    def check(self, spec: LockSpec) -> None:
+        """Every kind and option is supported."""
+
+    def describe(self) -> str:
+        """``memory://`` plus the store name."""
+        return f"memory://{self._store_name}"
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Locks with holders or waiters in the store, and this backend's waiters."""
+        return {"entries": len(self._store.entries), "waiters": self._waiting}
+
+    # ------------------------------------------------------------------ protocol
+
+    async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
+        now = asyncio.get_running_loop().time()
+        key = self._key(spec)
+        entry = self._store.entries.setdefault(key, _Entry())
+        entry.purge(now)
+        blockers = self._blockers(entry, spec)
+        if spec.fair:
+            ahead = next(iter(entry.queue), owner)
+            if ahead != owner and not blockers:
+                # Free, but promised to the queue's head: wait for it (or for its heartbeat
+                # deadline, should it have died).
+                blockers = [entry.queue[ahead]]
+        if not blockers:
+            entry.queue.pop(owner, None)
+            entry.holders[owner] = _Holder(spec.kind, now + ttl)
+            fence_key = (spec.namespace, spec.name)
+            token = self._store.fences.get(fence_key, 0) + 1
+            self._store.fences[fence_key] = token
+            return Grant(token)
+        retry_after = min(blockers) - now + _SLACK
+        if spec.fair:
+            entry.queue[owner] = now + ttl
+            retry_after = min(retry_after, ttl / 3)
+        return Busy(max(retry_after, _SLACK))
+
+    async def release(self, spec: LockSpec, owner: str) -> bool:
+        key = self._key(spec)
+        entry = self._store.entries.get(key)
+        if entry is None:
+            return False
+        entry.purge(asyncio.get_running_loop().time())
+        held = entry.holders.pop(owner, None)
+        was_head = next(iter(entry.queue), None) == owner
+        entry.queue.pop(owner, None)
+        if held is not None or was_head:
+            self._notify(entry, spec)
+        if entry.empty():
+            del self._store.entries[key]
+        return held is not None
+
+    async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
+        now = asyncio.get_running_loop().time()
+        entry = self._store.entries.get(self._key(spec))
+        if entry is None:
+            return False
+        entry.purge(now)
+        holder = entry.holders.get(owner)
+        if holder is None:
+            return False
+        holder.expires_at = now + ttl
+        return True
+
+    @asynccontextmanager
+    async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
+        key = self._key(spec)
+        entry = self._store.entries.setdefault(key, _Entry())
+        waiter = _MemoryWaiter(owner)
+        entry.waiters.append(waiter)
+        self._waiting += 1
+        try:
+            yield waiter
+        except BaseException:
+            if waiter.banked or waiter.woken_last:
+                # We were handed a wakeup we will not use: pass it on, or the next waiter
+                # would sleep until its cap although the lock may be free.
+                entry.wake_one(exclude=waiter)
+            raise
+        finally:
+            self._waiting -= 1
+            entry.waiters.remove(waiter)
+            if entry.empty() and self._store.entries.get(key) is entry:
+                del self._store.entries[key]
+
+    # ------------------------------------------------------------------ fault injection
+
+    def break_lock(self, namespace: str, name: str) -> int:
+        """Drop every holder of ``name`` (all families), as if their leases expired.
+
+        The holders' next renewal is refused, so their watchdogs report the loss. Waiters are
+        woken. Returns how many holders were dropped.
+        """
+        dropped = 0
+        for (ns, n, _), entry in self._store.entries.items():
+            if (ns, n) == (namespace, name):
+                dropped += len(entry.holders)
+                entry.holders.clear()
+                entry.wake_all()
+        return dropped
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _key(spec: LockSpec) -> tuple[str, str, str]:
+        return (spec.namespace, spec.name, _family(spec.kind))
+
+    @staticmethod
+    def _blockers(entry: _Entry, spec: LockSpec) -> list[float]:
+        """Expiry times of the holders that keep ``spec`` from being granted now."""
+        holders = entry.holders.values()
+        if spec.kind is Kind.READ:
+            return [h.expires_at for h in holders if h.kind is Kind.WRITE]
+        if spec.kind is Kind.SEMAPHORE:
+            if len(entry.holders) < spec.limit:
+                return []
+            return [min(h.expires_at for h in holders)]
+        return [h.expires_at for h in holders]
+
+    @staticmethod
+    def _notify(entry: _Entry, spec: LockSpec) -> None:
+        if spec.fair:
+            head = next(iter(entry.queue), None)
+            if head is not None:
+                entry.wake_owner(head)
+            return
+        if spec.kind is Kind.WRITE or spec.kind is Kind.READ:
+            if not entry.holders:
+                entry.wake_all()
+        else:
+            entry.wake_one()
