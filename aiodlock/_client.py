@@ -202,8 +202,8 @@ class LockClient:
         name: str,
         *,
         ttl: float | _Unset = UNSET,
-        timeout: float | None | _Unset = UNSET,
-        max_hold: float | None | _Unset = UNSET,
+        timeout: float | _Unset | None = UNSET,
+        max_hold: float | _Unset | None = UNSET,
         reentrant: bool = False,
         fair: bool = False,
     ) -> Lock:
@@ -230,8 +230,8 @@ class LockClient:
         name: str,
         *,
         ttl: float | _Unset = UNSET,
-        timeout: float | None | _Unset = UNSET,
-        max_hold: float | None | _Unset = UNSET,
+        timeout: float | _Unset | None = UNSET,
+        max_hold: float | _Unset | None = UNSET,
     ) -> ReadLock:
         """The shared side of the reader/writer lock ``name``: see :class:`~aiodlock.ReadLock`."""
         return self._make(ReadLock, self._spec(name, Kind.READ), ttl, timeout, max_hold)
@@ -241,11 +241,11 @@ class LockClient:
         name: str,
         *,
         ttl: float | _Unset = UNSET,
-        timeout: float | None | _Unset = UNSET,
-        max_hold: float | None | _Unset = UNSET,
+        timeout: float | _Unset | None = UNSET,
+        max_hold: float | _Unset | None = UNSET,
         reentrant: bool = False,
     ) -> WriteLock:
-        """The exclusive side of the reader/writer lock ``name``: see :class:`~aiodlock.WriteLock`."""
+        """The exclusive side of the reader/writer lock ``name``: see :class:`WriteLock`."""
         spec = self._spec(name, Kind.WRITE)
         return self._make(WriteLock, spec, ttl, timeout, max_hold, reentrant=reentrant)
 
@@ -255,8 +255,8 @@ class LockClient:
         *,
         limit: int,
         ttl: float | _Unset = UNSET,
-        timeout: float | None | _Unset = UNSET,
-        max_hold: float | None | _Unset = UNSET,
+        timeout: float | _Unset | None = UNSET,
+        max_hold: float | _Unset | None = UNSET,
     ) -> Semaphore:
         """Up to ``limit`` holders of ``name`` at once: see :class:`~aiodlock.Semaphore`."""
         spec = self._spec(name, Kind.SEMAPHORE, limit=check_limit(limit))
@@ -268,8 +268,8 @@ class LockClient:
         fn: Callable[..., Awaitable[T]],
         *args: Any,
         ttl: float | _Unset = UNSET,
-        timeout: float | None | _Unset = UNSET,
-        max_hold: float | None | _Unset = UNSET,
+        timeout: float | _Unset | None = UNSET,
+        max_hold: float | _Unset | None = UNSET,
     ) -> T:
         """Run ``await fn(*args)`` holding the mutex ``name``; return its result.
 
@@ -316,8 +316,8 @@ class LockClient:
         cls: type[L],
         spec: LockSpec,
         ttl: float | _Unset,
-        timeout: float | None | _Unset,
-        max_hold: float | None | _Unset,
+        timeout: float | _Unset | None,
+        max_hold: float | _Unset | None,
         *,
         reentrant: bool = False,
     ) -> L:
@@ -396,14 +396,14 @@ class LockClient:
         try:
             async with asyncio.timeout(RELEASE_TIMEOUT):
                 await self._backend.release(spec, owner)
-        except Exception as exc:  # noqa: BLE001 - logged, the lease then ends by expiry
+        except Exception as exc:
             from ._locks import logger
 
             logger.warning("background release of %r failed: %s", spec.name, exc)
 
     def _reentrant_lease(self, spec: LockSpec, task: asyncio.Task[Any]) -> Lease | None:
         entry = self._reentry.get((spec.kind, spec.name, task))
-        return None if entry is None else entry[0]  # type: ignore[no-any-return]
+        return None if entry is None else entry[0]
 
     def _reenter(
         self, spec: LockSpec, task: asyncio.Task[Any], delta: int, lease: Lease | None = None

@@ -113,7 +113,7 @@ class _LockBase:
 
     # ------------------------------------------------------------------ acquiring
 
-    async def acquire(self, *, timeout: float | None | _Unset = UNSET) -> Lease:
+    async def acquire(self, *, timeout: float | _Unset | None = UNSET) -> Lease:
         """Wait for the lock and return the :class:`Lease`.
 
         The lease is kept alive in the client's background TaskGroup until
@@ -201,7 +201,7 @@ class _LockBase:
         self._acquired += 1
         return Lease(self, owner, grant.fencing_token, sent + self.ttl - drift(self.ttl))
 
-    def _timeout_arg(self, timeout: float | None | _Unset) -> float | None:
+    def _timeout_arg(self, timeout: float | _Unset | None) -> float | None:
         if isinstance(timeout, _Unset):
             return self.timeout
         from ._url import check_seconds
@@ -230,19 +230,17 @@ class _LockBase:
     async def __aenter__(self) -> Lease:
         task = asyncio.current_task()
         assert task is not None, "aiodlock locks must be used from an asyncio task"
+        exclusive = self._spec.kind in (Kind.MUTEX, Kind.WRITE)
+        outer = self._client._reentrant_lease(self._spec, task) if exclusive else None
+        if outer is not None and not self.reentrant:
+            raise RuntimeError(
+                f"this task already holds {self._describe()}; pass reentrant=True to re-enter it"
+            )
         stack = self._entered.setdefault(task, [])
-        if self.reentrant:
-            outer = self._client._reentrant_lease(self._spec, task)
-            if outer is not None:
-                self._client._reenter(self._spec, task, +1)
-                stack.append(_Entered(outer, None, None, nested=True))
-                return outer
-        elif self._spec.kind in (Kind.MUTEX, Kind.WRITE):
-            if self._client._reentrant_lease(self._spec, task) is not None:
-                raise RuntimeError(
-                    f"this task already holds {self._describe()}; "
-                    "pass reentrant=True to re-enter it"
-                )
+        if outer is not None:
+            self._client._reenter(self._spec, task, +1)
+            stack.append(_Entered(outer, None, None, nested=True))
+            return outer
         try:
             lease = await self._acquire(self.timeout)
         except BaseException:
@@ -275,7 +273,8 @@ class _LockBase:
         if self._spec.kind in (Kind.MUTEX, Kind.WRITE):
             self._client._reenter(self._spec, task, -1)
         lease = entered.lease
-        assert entered.group is not None and entered.keeper is not None
+        assert entered.group is not None
+        assert entered.keeper is not None
         entered.keeper.cancel()
         lost: LockLostError | None = None
         try:

@@ -22,8 +22,9 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
-__all__ = ["History", "Hold", "HistoryError"]
+__all__ = ["History", "HistoryError", "Hold"]
 
 
 class HistoryError(AssertionError):
@@ -88,7 +89,7 @@ class History:
             raise HistoryError(f"{peak} holders overlapped; at most {max_holders} allowed")
         if max_holders == 1:
             ordered = sorted(self.holds, key=lambda h: h.start)
-            for before, after in zip(ordered, ordered[1:], strict=False):
+            for before, after in pairwise(ordered):
                 if after.token <= before.token:
                     raise HistoryError(
                         f"token {after.token} of {after.holder} followed token "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +52,12 @@ def pytest_asyncio_loop_factories(
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Iterator[None]:
-    report: pytest.TestReport = yield  # type: ignore[misc]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     if report.skipped and item.config.getoption("--require-all-backends"):
         report.outcome = "failed"
         report.longrepr = f"skipped under --require-all-backends: {report.longrepr}"
-    return report  # type: ignore[return-value]
+    return report
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -122,12 +122,12 @@ class Target:
                 repr(key) for store in stores for key in store.entries if key[0] == self.namespace
             ]
         keys = [
-            k.decode()
+            bytes(k).decode()
             async for k in self.raw.scan_iter(match=f"*{{{self.namespace}:*")
             if not k.endswith(b":fence")
         ]
         channels = await self.raw.pubsub_channels(f"*{{{self.namespace}:*")
-        return keys + [f"channel {c.decode()}" for c in channels]
+        return keys + [f"channel {c!r}" for c in channels]
 
 
 def _memory_stores() -> list[Any]:
@@ -167,6 +167,13 @@ async def other(target: Target) -> AsyncIterator[aiodlock.LockClient]:
     """A second, independent client: another process, as far as the service can tell."""
     async with target.connect() as client:
         yield client
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Wait for a condition that no event reports (a waiter queued on a remote service)."""
+    async with asyncio.timeout(10):
+        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the condition
+            await asyncio.sleep(0.001)
 
 
 async def settle(*clients: aiodlock.LockClient) -> None:

@@ -176,7 +176,7 @@ async def test_body_exception_passes_through_unwrapped(
     await lease.release()
 
 
-@pytest.mark.parametrize("steps", range(0, 12))
+@pytest.mark.parametrize("steps", range(12))
 async def test_cancel_at_each_await_point_leaves_nothing(
     locks: aiodlock.LockClient,
     other: aiodlock.LockClient,

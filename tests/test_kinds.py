@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
 import aiodlock
 from aiodlock.testing import History
-from tests.conftest import Target, settle
+from tests.conftest import Target, settle, wait_until
 
 
 async def test_reentrant_lock_same_task_reenters_without_new_token(
@@ -85,10 +86,8 @@ async def test_writer_release_wakes_every_reader(
 
 
 async def test_lock_families_are_independent(locks: aiodlock.LockClient) -> None:
-    async with locks.lock("x"):
-        async with locks.write_lock("x"):
-            async with locks.semaphore("x", limit=1):
-                pass
+    async with locks.lock("x"), locks.write_lock("x"), locks.semaphore("x", limit=1):
+        pass
 
 
 async def test_semaphore_limit(
@@ -137,13 +136,17 @@ async def test_fair_lock_hands_over_in_arrival_order(
         before = lock_client.statistics()
         tasks.append(asyncio.create_task(waiter(i)))
         # Wait until this waiter has queued (its first refused attempt) before the next one.
-        while _waiting(lock_client) <= _waiting_from(before):
-            await asyncio.sleep(0.001)
+        queued = _waiting_from(before) + 1
+        await wait_until(partial(_has_waiters, lock_client, queued))
     await holder.release()
     await asyncio.gather(*tasks)
     assert order == list(range(6))
     await settle(locks, other)
     assert await target.leftovers() == []
+
+
+def _has_waiters(client: aiodlock.LockClient, count: int) -> bool:
+    return _waiting(client) >= count
 
 
 def _waiting(client: aiodlock.LockClient) -> int:
@@ -159,11 +162,9 @@ async def test_cancelled_fair_waiter_does_not_block_the_queue(
 ) -> None:
     holder = await locks.lock("q", fair=True).acquire()
     first = asyncio.create_task(other.lock("q", fair=True).acquire())
-    while _waiting(other) < 1:
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: _waiting(other) >= 1)
     second = asyncio.create_task(locks.lock("q", fair=True).acquire(timeout=5))
-    while _waiting(locks) < 1:
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: _waiting(locks) >= 1)
     first.cancel()  # the head of the queue leaves
     with pytest.raises(asyncio.CancelledError):
         await first
