@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import sys
 
 import pytest
@@ -144,3 +146,10 @@ def test_fencing_guard() -> None:
     with pytest.raises(aiodlock.StaleTokenError, match="4 is older than 5"):
         guard.check(4)
     assert guard.newest == 5
+
+
+async def test_runs_on_the_requested_event_loop() -> None:
+    """The uvloop run of the suite really runs on uvloop (AIODLOCK_TEST_LOOP)."""
+    expected = os.environ.get("AIODLOCK_TEST_LOOP", "asyncio")
+    module = type(asyncio.get_running_loop()).__module__
+    assert module.startswith("uvloop") == (expected == "uvloop")
