@@ -13,19 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends.memory import MemoryBackend
+from tests.probes import MemoryProbe, Probe, RedisProbe
 from tests.servers import RedisServer
-
-BACKENDS = ("memory", "redis", "redis-blpop")
-SERVER_BACKENDS = ("redis", "redis-blpop")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -87,53 +83,48 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @dataclass
 class Target:
-    """One backend under test: how to connect, and how to look behind the library's back."""
+    """One backend under test: how to connect, and a probe to look behind the library's back."""
 
     name: str
     url: str
     namespace: str
     options: dict[str, Any]
-    raw: aioredis.Redis | None = None
+    probe: Probe
 
     def connect(self, **options: Any) -> aiodlock.LockClient:
         return aiodlock.connect(self.url, namespace=self.namespace, **{**self.options, **options})
 
-    @property
-    def is_redis(self) -> bool:
-        return self.raw is not None
-
     async def break_lock(self, client: aiodlock.LockClient, name: str) -> None:
-        """Delete the lock's state under its holder (as an operator or an expiry would)."""
-        if self.raw is None:
-            backend = client._backend
-            assert isinstance(backend, MemoryBackend)
-            assert backend.break_lock(self.namespace, name) > 0
-            return
-        keys = [k async for k in self.raw.scan_iter(match=f"*{{{self.namespace}:{name}}}*")]
-        keys = [k for k in keys if not k.endswith(b":fence")]
-        assert keys, "nothing to break"
-        await self.raw.delete(*keys)
+        """Destroy the lock's state under its holder (as an operator or an expiry would)."""
+        await self.probe.break_lock(client, self.namespace, name)
 
     async def leftovers(self) -> list[str]:
         """State this test's namespace left behind, apart from the fencing counters."""
-        if self.raw is None:
-            stores = [s for s in _memory_stores() if s]
-            return [
-                repr(key) for store in stores for key in store.entries if key[0] == self.namespace
-            ]
-        keys = [
-            bytes(k).decode()
-            async for k in self.raw.scan_iter(match=f"*{{{self.namespace}:*")
-            if not k.endswith(b":fence")
-        ]
-        channels = await self.raw.pubsub_channels(f"*{{{self.namespace}:*")
-        return keys + [f"channel {c!r}" for c in channels]
+        return await self.probe.leftovers(self.namespace)
 
 
-def _memory_stores() -> list[Any]:
-    from aiodlock.backends import memory
+async def _memory_target(request: pytest.FixtureRequest, namespace: str) -> Target:
+    return Target("memory", f"memory://{namespace}", namespace, {}, MemoryProbe())
 
-    return list(memory._STORES.values())
+
+async def _redis_target(request: pytest.FixtureRequest, namespace: str) -> Target:
+    url = request.getfixturevalue("redis_url")
+    return Target("redis", url, namespace, {"wakeup": "pubsub"}, RedisProbe(url))
+
+
+async def _redis_blpop_target(request: pytest.FixtureRequest, namespace: str) -> Target:
+    url = request.getfixturevalue("redis_url")
+    return Target("redis-blpop", url, namespace, {"wakeup": "blpop"}, RedisProbe(url))
+
+
+# name -> how to reach it. A backend joins the whole suite by adding itself here.
+TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
+    "memory": _memory_target,
+    "redis": _redis_target,
+    "redis-blpop": _redis_blpop_target,
+}
+BACKENDS = tuple(TARGETS)
+SERVER_BACKENDS = tuple(name for name in TARGETS if name != "memory")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -144,16 +135,11 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def target(backend_name: str, request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    if backend_name == "memory":
-        yield Target(backend_name, f"memory://{namespace}", namespace, {})
-        return
-    url = request.getfixturevalue("redis_url")
-    wakeup = "blpop" if backend_name == "redis-blpop" else "pubsub"
-    raw = aioredis.Redis.from_url(url)
+    made = await TARGETS[backend_name](request, namespace)
     try:
-        yield Target(backend_name, url, namespace, {"wakeup": wakeup}, raw)
+        yield made
     finally:
-        await raw.aclose()
+        await made.probe.aclose()
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@
     python -m tests.holder hold URL NAMESPACE NAME TTL
         acquire, print "acquired <token>", then keep working until the lease is lost:
         print "lost" and exit 3 (exit 0 is never expected: the parent stops or kills us).
-    python -m tests.holder count URL NAMESPACE NAME ROUNDS REDIS_KEY
-        ROUNDS times: under the lock, read REDIS_KEY, sleep, write it + 1; print each hold as
-        a JSON line (aiodlock.testing.Hold) for the parent's history check.
+    python -m tests.holder count URL NAMESPACE NAME ROUNDS COUNTER_FILE
+        ROUNDS times: under the lock, read the number in COUNTER_FILE, sleep, write it + 1;
+        print each hold as a JSON line (aiodlock.testing.Hold) for the parent's history check.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import asyncio
 import os
 import random
 import sys
-
-import redis.asyncio as aioredis
+from pathlib import Path
 
 import aiodlock
 from aiodlock.testing import History
@@ -32,19 +31,16 @@ async def hold(url: str, namespace: str, name: str, ttl: float) -> int:
     return 3
 
 
-async def count(url: str, namespace: str, name: str, rounds: int, key: str) -> int:
+async def count(url: str, namespace: str, name: str, rounds: int, path: str) -> int:
     history = History()
-    raw = aioredis.Redis.from_url(url)
-    try:
-        async with aiodlock.connect(url, namespace=namespace) as locks:
-            for _ in range(rounds):
-                async with locks.lock(name, timeout=30) as lease:
-                    with history.hold(f"pid{os.getpid()}", lease.fencing_token):
-                        value = int(await raw.get(key) or 0)
-                        await asyncio.sleep(random.uniform(0, 0.003))
-                        await raw.set(key, value + 1)
-    finally:
-        await raw.aclose()
+    counter = Path(path)
+    async with aiodlock.connect(url, namespace=namespace) as locks:
+        for _ in range(rounds):
+            async with locks.lock(name, timeout=30) as lease:
+                with history.hold(f"pid{os.getpid()}", lease.fencing_token):
+                    value = int(counter.read_text() or 0) if counter.exists() else 0
+                    await asyncio.sleep(random.uniform(0, 0.003))
+                    counter.write_text(str(value + 1))
     for record in history.holds:
         print(record.to_json(), flush=True)
     return 0
