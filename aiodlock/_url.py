@@ -34,6 +34,8 @@ BACKENDS: Mapping[str, tuple[str, str, str | None]] = {
     "redis": ("aiodlock.backends.redis", "RedisBackend", "redis"),
     "rediss": ("aiodlock.backends.redis", "RedisBackend", "redis"),
     "unix": ("aiodlock.backends.redis", "RedisBackend", "redis"),
+    "zookeeper": ("aiodlock.backends.zookeeper", "ZooKeeperBackend", "zookeeper"),
+    "mysql": ("aiodlock.backends.mysql", "MySQLBackend", "mysql"),
 }
 
 

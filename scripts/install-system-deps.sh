@@ -16,6 +16,9 @@ set -euo pipefail
 
 DEPS=(
     "redis-server:redis-server"
+    "/usr/share/zookeeper/bin/zkServer.sh:zookeeper"
+    "/usr/sbin/mariadbd:mariadb-server"
+    "/usr/bin/mariadb-install-db:mariadb-server"
 )
 
 missing_packages=()

@@ -19,9 +19,15 @@ from typing import Any
 
 import pytest
 
+pytest.register_assert_rewrite("tests.probes", "tests.support_zookeeper", "tests.support_mysql")
+
+# ruff: noqa: E402 - the modules above must be registered for assertion rewriting first
 import aiodlock
+from tests import support_mysql, support_zookeeper
 from tests.probes import MemoryProbe, Probe, RedisProbe
 from tests.servers import RedisServer
+
+pytest_plugins = ["tests.support_zookeeper", "tests.support_mysql"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,11 +123,15 @@ async def _redis_blpop_target(request: pytest.FixtureRequest, namespace: str) ->
     return Target("redis-blpop", url, namespace, {"wakeup": "blpop"}, RedisProbe(url))
 
 
-# name -> how to reach it. A backend joins the whole suite by adding itself here.
+# name -> how to reach it. A backend joins the whole suite by adding itself here (the
+# ZooKeeper and MySQL ones live in their own support modules, which are also pytest plugins
+# for their server fixtures).
 TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
     "memory": _memory_target,
     "redis": _redis_target,
     "redis-blpop": _redis_blpop_target,
+    **support_zookeeper.TARGETS,
+    **support_mysql.TARGETS,
 }
 BACKENDS = tuple(TARGETS)
 SERVER_BACKENDS = tuple(name for name in TARGETS if name != "memory")

@@ -38,7 +38,7 @@ def test_exception_tree() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("etcd://x", "known schemes: memory://, redis://"),
+        ("etcd://x", "known schemes: memory://, mysql://, redis://"),
         ("nonsense", "unknown URL scheme"),
         ("redis://h:99999", "port out of range"),
         ("redis://h:abc", "bad port"),

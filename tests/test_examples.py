@@ -1,0 +1,365 @@
+"""The examples, the demo, the CLI and the README's code all run and show what they claim.
+
+Every example runs as a subprocess of ``sys.executable`` (with ``-W error``), the way a user
+runs it, on ``memory://`` and on a throwaway Redis (the ``redis_url`` fixture). The FastAPI app
+is also driven in-process through ``httpx.ASGITransport``, lifespan included. Every
+``python`` block of README.md that starts with an ``import`` line is a complete program and is
+run too, so the README cannot rot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+import aiodlock
+from aiodlock.__main__ import main as cli_main
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+README = ROOT / "README.md"
+TIMEOUT = 90.0
+
+
+def run(*args: str, url: str = "memory://") -> subprocess.CompletedProcess[str]:
+    """Run ``python -W error ARGS`` from the repository root with ``AIODLOCK_URL=url``."""
+    env = {**os.environ, "AIODLOCK_URL": url, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-W", "error", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> str:
+    """Assert exit status 0 (showing both streams if not); return stdout."""
+    assert result.returncode == 0, (
+        f"exit status {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    )
+    return result.stdout
+
+
+# ---------------------------------------------------------------------- the oversell demo
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    buyers: int
+    sold: int
+    final_stock: int
+    oversold_by: int
+    elapsed: float
+
+
+ROW = re.compile(
+    r"^(?P<mode>no lock|with lock)\s+(?P<buyers>\d+)\s+(?P<sold>\d+)\s+(?P<final>-?\d+)\s+"
+    r"(?P<oversold>\d+)\s+(?P<elapsed>[\d.]+) s$",
+    re.MULTILINE,
+)
+
+
+def demo_rows(stdout: str) -> dict[str, DemoRow]:
+    rows = {
+        m["mode"]: DemoRow(
+            int(m["buyers"]), int(m["sold"]), int(m["final"]), int(m["oversold"]), float(m["elapsed"])
+        )
+        for m in ROW.finditer(stdout)
+    }
+    assert set(rows) == {"no lock", "with lock"}, f"no result table in:\n{stdout}"
+    return rows
+
+
+def check_demo(stdout: str, *, buyers: int, stock: int) -> None:
+    """The unlocked run oversold (buyers > stock), the locked one is exact, fencing refused."""
+    rows = demo_rows(stdout)
+    unlocked, locked = rows["no lock"], rows["with lock"]
+    assert unlocked.buyers == locked.buyers == buyers
+    # Every buyer reads, then sleeps, before any buyer writes: all of them sell.
+    assert unlocked.sold > stock
+    assert unlocked.oversold_by == unlocked.sold - stock > 0
+    assert unlocked.final_stock != 0  # lost updates: each write overwrote the others
+    assert locked.sold == stock
+    assert locked.final_stock == 0
+    assert locked.oversold_by == 0
+    assert f"with lock: {stock} sold from a stock of {stock}, oversold by 0, final stock 0" in stdout
+    assert re.search(r"a late write with token \d+ was refused", stdout), stdout
+    assert "OK: with the lock" in stdout
+
+
+def test_oversell_example_on_memory() -> None:
+    stdout = succeeded(run("examples/oversell.py"))
+    check_demo(stdout, buyers=300, stock=100)
+    assert "300 buyers in 1 process, locks on memory://" in stdout
+
+
+def test_demo_command_runs_the_same_program() -> None:
+    stdout = succeeded(run("-m", "aiodlock", "demo", "--buyers", "60", "--stock", "25"))
+    check_demo(stdout, buyers=60, stock=25)
+
+
+def test_demo_with_more_stock_than_buyers_sells_to_everyone() -> None:
+    stdout = succeeded(run("-m", "aiodlock", "demo", "--buyers", "20", "--stock", "50"))
+    locked = demo_rows(stdout)["with lock"]
+    assert (locked.sold, locked.final_stock, locked.oversold_by) == (20, 30, 0)
+
+
+def test_demo_via_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    """``main()`` is the ``aiodlock`` console script: it returns the exit status."""
+    assert cli_main(["demo", "--buyers", "30", "--stock", "10"]) == 0
+    check_demo(capsys.readouterr().out, buyers=30, stock=10)
+
+
+def test_demo_refuses_processes_on_memory() -> None:
+    result = run("-m", "aiodlock", "demo", "--processes", "2")
+    assert result.returncode == 2
+    assert result.stdout == ""  # nothing ran
+    assert "--processes 2 needs a stock that several processes share" in result.stderr
+    assert "memory://" in result.stderr
+    assert "--url redis://HOST:PORT/DB" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--buyers", "0"], "argument --buyers: must be at least 1, got 0"),
+        (["--stock", "many"], "argument --stock: expected a whole number, got 'many'"),
+        (["--url", "etcd://h:2379"], "known schemes: memory://, redis://"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_demo_usage_errors(args: list[str], message: str) -> None:
+    result = run("-m", "aiodlock", "demo", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "usage: python -m aiodlock demo" in result.stderr
+
+
+def test_cli_help_lists_commands() -> None:
+    stdout = succeeded(run("-m", "aiodlock", "--help"))
+    assert "usage: python -m aiodlock" in stdout
+    assert re.search(r"^\s+demo\s+the oversell demo", stdout, re.MULTILINE), stdout
+    demo_help = succeeded(run("-m", "aiodlock", "demo", "--help"))
+    for option in ("--url URL", "--buyers N", "--stock N", "--processes N"):
+        assert option in demo_help
+
+
+def test_cli_without_command_is_a_usage_error() -> None:
+    result = run("-m", "aiodlock")
+    assert result.returncode == 2
+    assert "the following arguments are required: COMMAND" in result.stderr
+
+
+def test_cli_version() -> None:
+    assert succeeded(run("-m", "aiodlock", "--version")).strip() == (
+        f"python -m aiodlock {aiodlock.__version__}"
+    )
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_oversell_demo_on_redis(redis_url: str, processes: int) -> None:
+    result = run(
+        "examples/oversell.py", "--url", redis_url, "--processes", str(processes), url=redis_url
+    )
+    stdout = succeeded(result)
+    check_demo(stdout, buyers=300, stock=100)
+    where = "1 process" if processes == 1 else f"{processes} processes"
+    assert f"300 buyers in {where}, locks on redis://" in stdout
+    client = redis.Redis.from_url(redis_url)
+    try:
+        leftovers = list(client.scan_iter(match="aiodlock-demo:*"))
+    finally:
+        client.close()
+    assert leftovers == []  # the demo deletes its stock keys
+
+
+def test_demo_reports_an_unreachable_redis() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    result = run("-m", "aiodlock", "demo", "--url", url)
+    assert result.returncode == 2
+    assert "the demo could not run" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------- the other examples
+
+
+def test_worker_example() -> None:
+    stdout = succeeded(run("examples/worker.py"))
+    assert re.search(r"^nightly-report: 8 runs .*; at most 1 at a time$", stdout, re.M), stdout
+    assert re.search(r"^cache-refresh: ran by worker-\d; .*at most 1 at a time$", stdout, re.M)
+    assert "export: LockLostError, the job was cancelled" in stdout
+    assert "import: lease.lost is set after" in stdout
+    assert "release() says the lease was already lost (LockNotOwnedError)" in stdout
+    assert stdout.rstrip().endswith("OK")
+
+
+def test_semaphore_example() -> None:
+    stdout = succeeded(run("examples/semaphore.py"))
+    assert "10 calls with limit=3: max concurrency observed: 3" in stdout
+
+
+def test_rwlock_example() -> None:
+    stdout = succeeded(run("examples/rwlock.py"))
+    most = re.search(r"most readers inside at once: (\d+)", stdout)
+    assert most is not None and int(most[1]) > 1, stdout
+    assert "writer overlapped a reader or a writer: 0 times" in stdout
+    assert "catalog version after the writers: 2 (expected 2)" in stdout
+    assert "locks.lock('catalog') free while the write lock was held: True" in stdout
+
+
+def test_fastapi_example_script() -> None:
+    stdout = succeeded(run("examples/fastapi_app.py"))
+    assert "statuses [200]" in stdout
+    assert "order 42 has 50 items (expected 50)" in stdout
+    assert "50 distinct fencing tokens" in stdout
+
+
+@pytest.mark.parametrize(
+    ("example", "expected"),
+    [
+        ("worker.py", "nightly-report: 8 runs"),
+        ("semaphore.py", "max concurrency observed: 3"),
+        ("rwlock.py", "writer overlapped a reader or a writer: 0 times"),
+        ("fastapi_app.py", "order 42 has 50 items (expected 50)"),
+    ],
+)
+def test_examples_on_redis(redis_url: str, example: str, expected: str) -> None:
+    stdout = succeeded(run(f"examples/{example}", url=redis_url))
+    assert expected in stdout
+
+
+# ---------------------------------------------------------------------- FastAPI, in-process
+
+
+def load_module(path: Path, name: str) -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fastapi_app() -> Iterator[ModuleType]:
+    yield from load_module(EXAMPLES / "fastapi_app.py", "aiodlock_example_fastapi_app")
+
+
+async def test_fastapi_app_serialises_updates_to_one_order(fastapi_app: ModuleType) -> None:
+    app: Any = fastapi_app.app
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+    ):
+        first, second = await asyncio.gather(
+            asyncio.gather(*(client.post("/orders/7/items") for _ in range(40))),
+            asyncio.gather(*(client.post("/orders/8/items") for _ in range(10))),
+        )
+        order7 = (await client.get("/orders/7")).json()
+        order8 = (await client.get("/orders/8")).json()
+        locks = app.state.locks
+    assert [r.status_code for r in [*first, *second]] == [200] * 50
+    # Under the lock the requests ran one at a time: each saw the count its predecessor left.
+    assert sorted(r.json()["items"] for r in first) == list(range(1, 41))
+    assert sorted(r.json()["items"] for r in second) == list(range(1, 11))
+    assert order7["items"] == 40
+    assert order8["items"] == 10
+    tokens = [r.json()["fencing_token"] for r in first]
+    assert len(set(tokens)) == 40
+    assert order7["fencing_token"] == max(tokens)
+    assert "closed" in repr(locks)  # the lifespan closed the client
+
+
+async def test_fastapi_app_refuses_a_stale_token(fastapi_app: ModuleType) -> None:
+    table = fastapi_app.OrderTable()
+    await table.save(1, fastapi_app.Order(items=1), fencing_token=5)
+    with pytest.raises(aiodlock.StaleTokenError, match=r"token 4 < stored 5"):
+        await table.save(1, fastapi_app.Order(items=2), fencing_token=4)
+    assert (await table.load(1)).items == 1
+
+
+# ---------------------------------------------------------------------- README.md
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    language: str
+    code: str
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    return [
+        Block(text.count("\n", 0, match.start()) + 1, match["language"], match["code"])
+        for match in re.finditer(
+            r"^```(?P<language>\w*)\n(?P<code>.*?)^```$", text, re.MULTILINE | re.DOTALL
+        )
+    ]
+
+
+RUNNABLE = [b for b in readme_blocks() if b.language == "python" and b.code.startswith("import ")]
+
+
+def test_readme_has_runnable_snippets() -> None:
+    python_blocks = [b for b in readme_blocks() if b.language == "python"]
+    assert len(RUNNABLE) >= 5
+    fragments = [b for b in python_blocks if b not in RUNNABLE]
+    for block in fragments:  # a fragment must say so
+        assert block.code.startswith("# fragment"), f"README.md line {block.line}"
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
+def test_readme_snippet_runs(block: Block, tmp_path: Path) -> None:
+    script = tmp_path / f"readme_line_{block.line}.py"
+    script.write_text(block.code, encoding="utf-8")
+    succeeded(run(str(script)))
+
+
+async def test_readme_fastapi_snippet_counts_exactly() -> None:
+    (block,) = [b for b in RUNNABLE if "FastAPI(" in b.code]
+    namespace: dict[str, Any] = {"__name__": "readme_fastapi"}
+    exec(compile(block.code, f"README.md:{block.line}", "exec"), namespace)
+    app = namespace["app"]
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+    ):
+        answers = await asyncio.gather(*(client.post("/orders/3/items") for _ in range(20)))
+    assert sorted(a.json()["items"] for a in answers) == list(range(1, 21))
+    assert namespace["ORDERS"] == {3: 20}
+
+
+def test_readme_quick_start_commands() -> None:
+    commands = [
+        line.strip()
+        for block in readme_blocks()
+        if block.language == "sh"
+        for line in block.code.splitlines()
+    ]
+    assert "python3 -m pip install . && python3 -m aiodlock demo" in commands
+    # The CI runs exactly this string (.ci/run): keep it verbatim, on one line.
+    assert "python3 -m pip install --quiet nox && python3 -m nox -s lint tests" in commands
