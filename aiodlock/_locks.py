@@ -30,7 +30,7 @@ from ._exceptions import (
 )
 from ._lease import Lease
 from ._watchdog import drift, keep_alive
-from .backends._protocol import Backend, Busy, Grant, Kind, LockSpec
+from .backends._protocol import Backend, Busy, Capability, Grant, Kind, LockSpec
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -439,7 +439,8 @@ async def run_guarded(
 
 def check_kind(backend: Backend, spec: LockSpec) -> None:
     """Refuse, at construction, a kind the backend cannot serve."""
-    missing = spec.kind.required - backend.capabilities
+    needed = spec.kind.required | ({Capability.FAIR} if spec.fair else set())
+    missing = needed - backend.capabilities
     if missing:
         names = ", ".join(sorted(c.value for c in missing))
         raise UnsupportedError(

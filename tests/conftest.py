@@ -23,6 +23,8 @@ pytest.register_assert_rewrite("tests.probes", "tests.support_zookeeper", "tests
 
 # ruff: noqa: E402 - the modules above must be registered for assertion rewriting first
 import aiodlock
+from aiodlock._url import load_backend
+from aiodlock.backends import Capability
 from tests import support_mysql, support_zookeeper
 from tests.probes import MemoryProbe, Probe, RedisProbe
 from tests.servers import RedisServer
@@ -60,6 +62,47 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"skipped under --require-all-backends: {report.longrepr}"
     return report
+
+
+def capabilities_of(backend_name: str) -> frozenset[Capability]:
+    return frozenset(load_backend(SCHEMES[backend_name]).capabilities)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (never skip) a test whose backend does not declare what it needs.
+
+    A test states its needs with ``@pytest.mark.requires(Capability.X, ...)``, or through the
+    ``make`` fixture's lock kind. test_capabilities.py checks, for every backend, that each
+    kind it does not declare fails with UnsupportedError at construction, so deselection
+    cannot hide a missing feature.
+    """
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        backend = params.params.get("backend_name") if params else None
+        needed: set[Capability] = set()
+        for mark in item.iter_markers("requires"):
+            needed.update(mark.args)
+        kind = params.params.get("make") if params else None
+        if kind is not None:
+            needed.update(KIND_NEEDS[kind])
+        if backend is not None and not needed <= capabilities_of(backend):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# What each conformance lock kind (the ``make`` fixture's ids) needs from a backend.
+KIND_NEEDS: dict[str, frozenset[Capability]] = {
+    "mutex": frozenset({Capability.EXCLUSIVE}),
+    "reentrant": frozenset({Capability.EXCLUSIVE}),
+    "fair": frozenset({Capability.EXCLUSIVE, Capability.FAIR}),
+    "write": frozenset({Capability.SHARED}),
+    "semaphore1": frozenset({Capability.COUNTING}),
+}
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -132,6 +175,14 @@ TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = 
     "redis-blpop": _redis_blpop_target,
     **support_zookeeper.TARGETS,
     **support_mysql.TARGETS,
+}
+# name -> URL scheme, to read the backend's declared capabilities at collection time.
+SCHEMES: dict[str, str] = {
+    "memory": "memory",
+    "redis": "redis",
+    "redis-blpop": "redis",
+    **support_zookeeper.SCHEMES,
+    **support_mysql.SCHEMES,
 }
 BACKENDS = tuple(TARGETS)
 SERVER_BACKENDS = tuple(name for name in TARGETS if name != "memory")

@@ -30,6 +30,7 @@ KINDS: dict[str, LockFactory] = {
 
 @pytest.fixture(params=list(KINDS))
 def make(request: pytest.FixtureRequest) -> LockFactory:
+    # Kinds a backend does not declare are deselected in conftest.py (KIND_NEEDS).
     return KINDS[request.param]
 
 
