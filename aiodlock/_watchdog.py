@@ -18,6 +18,7 @@ client's TaskGroup (``acquire()`` outside ``async with``), it sets ``lease.lost`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, NoReturn
 
 from ._exceptions import BackendError, LockLostError
@@ -55,12 +56,19 @@ async def _renew_forever(lock: _LockBase, lease: Lease) -> NoReturn:
     interval = ttl / RENEWALS_PER_TTL
     hold_until = None if lock.max_hold is None else loop.time() + lock.max_hold
     next_renewal = loop.time() + interval
+    # Session backends (ZooKeeper, MySQL) signal a loss the moment they see it.
+    lost_signal = lock._backend.loss_signal(lock._spec, lease._owner)
     while True:
         wake_at = next_renewal
         if hold_until is not None and next_renewal >= hold_until:
             # max_hold reached: no more renewals; the lease runs out at valid_until.
             wake_at = lease.valid_until
-        await _sleep_until(loop, min(wake_at, lease.valid_until))
+        await _sleep_until(loop, min(wake_at, lease.valid_until), lost_signal)
+        if lost_signal is not None and lost_signal.is_set():
+            raise LockLostError(
+                f"lock {lock.name!r} was lost: {lock._backend.describe()} "
+                "ended the session or connection that held it"
+            )
         now = loop.time()
         if now >= lease.valid_until:
             if hold_until is not None and now >= hold_until:
@@ -86,8 +94,16 @@ async def _renew_forever(lock: _LockBase, lease: Lease) -> NoReturn:
         next_renewal = sent + interval
 
 
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
+async def _sleep_until(
+    loop: asyncio.AbstractEventLoop, when: float, signal: asyncio.Event | None
+) -> None:
     # A timer, not a poll: the only periodic work is the renewal the lease needs anyway.
     delay = when - loop.time()
-    if delay > 0:
+    if delay <= 0:
+        return
+    if signal is None:
         await asyncio.sleep(delay)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay):
+            await signal.wait()

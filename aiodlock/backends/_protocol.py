@@ -22,6 +22,11 @@ The contract, per method:
     Confirm ownership and extend the lease to ``ttl`` from now. ``False`` if ``owner`` no longer
     holds it. Never resurrects an expired lease.
 
+``loss_signal(spec, owner)``
+    For a lease held by ``owner``: an :class:`asyncio.Event` the backend sets the moment it
+    knows the lease is gone (session expired, connection dropped), so the watchdog reacts at
+    once instead of at the next ``renew``; ``None`` if only ``renew`` can tell (TTL backends).
+
 ``waiter(spec, owner)``
     An async context manager. Entering it arms the wakeup (subscribes) and returns only once the
     wakeup is live, so a check made after entering cannot miss a release. ``Waiter.wait(t)``
@@ -35,6 +40,7 @@ Driver exceptions are translated to :class:`~aiodlock.BackendError` inside the b
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
@@ -170,6 +176,10 @@ class Backend(Protocol):
 
     async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
         """Confirm and extend; never resurrects (see the module docstring)."""
+        ...
+
+    def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
+        """An event set when ``owner``'s lease is known lost (see the module docstring)."""
         ...
 
     def waiter(self, spec: LockSpec, owner: str) -> AbstractAsyncContextManager[Waiter]:

@@ -208,6 +208,10 @@ class MemoryBackend:
         holder.expires_at = now + ttl
         return True
 
+    def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
+        """None: a memory lease is lost only by expiry or break_lock, which renew() reports."""
+        return None
+
     @asynccontextmanager
     async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
         key = self._key(spec)
