@@ -48,6 +48,14 @@ async def keep_alive(lock: _LockBase, lease: Lease) -> NoReturn:
         lease._mark_lost(exc)
         lock._note_lost()
         raise
+    except Exception as exc:
+        # A keep-alive that dies unexpectedly must not die silently (the renewal-thread bug
+        # of the incumbents): without it the lease is not being kept, so it is lost.
+        lost = LockLostError(f"the keep-alive of {lock.name!r} failed: {exc!r}")
+        lost.__cause__ = exc
+        lease._mark_lost(lost)
+        lock._note_lost()
+        raise lost from exc
 
 
 async def _renew_forever(lock: _LockBase, lease: Lease) -> NoReturn:
