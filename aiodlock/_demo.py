@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
+import queue
 import random
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +63,8 @@ THINK_SECONDS: Final = (0.001, 0.003)
 read first when there is no lock, short enough for the locked run to take a moment."""
 SHARED_SCHEMES: Final = frozenset({"redis", "rediss", "unix"})
 """URL schemes whose service also keeps the stock, so that several processes can share it."""
+DATA_CONNECTIONS: Final = 32
+"""Connections per process for the stock in Redis."""
 START_TIMEOUT: Final = 60.0
 RUN_TIMEOUT: Final = 300.0
 
@@ -202,7 +207,12 @@ class RedisStock:
             raise ImportError(
                 "the demo keeps its stock in Redis with redis-py: pip install 'aiodlock[redis]'"
             ) from None
-        self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(data_url(url))
+        # A bounded pool that makes commands wait for a free connection (redis-py's default
+        # pool raises "Too many connections" instead when hundreds of buyers read at once).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            data_url(url), max_connections=DATA_CONNECTIONS
+        )
+        self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_pool(pool)
         prefix = f"{NAMESPACE}:{{{run}}}"
         self._stock, self._newest, self._sold, self._refused = (
             f"{prefix}:{field}" for field in ("stock", "newest-token", "sold", "refused")
@@ -237,8 +247,11 @@ class RedisStock:
         return Totals(stock, sold, refused, newest)
 
     async def delete(self) -> None:
-        """Remove this run's keys."""
-        await self._redis.delete(*self.keys)
+        """Remove this run's keys; best effort, so as not to hide why a run failed."""
+        from redis.exceptions import RedisError
+
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.delete(*self.keys)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -294,7 +307,7 @@ class Report:
             totals.sold == self.expected_sold
             and totals.stock == self.config.stock - self.expected_sold
             and totals.refused == 0
-            and self.stale_refused
+            and (self.stale_token is None or self.stale_refused)
         )
 
     def render(self) -> str:
@@ -349,10 +362,10 @@ class DemoError(Exception):
 async def run_demo(config: Config) -> Report:
     """Run the buyers without and then with the lock, on the same fresh stock."""
     run_id = uuid.uuid4().hex[:12]
-    store: StockStore = RedisStock(config.url, run_id) if config.shared else MemoryStock()
-    try:
-        # Connecting first reports an unreachable service before any buyer starts.
-        async with aiodlock.connect(config.url, namespace=NAMESPACE) as locks:
+    # Connecting first reports an unreachable service before anything else happens.
+    async with aiodlock.connect(config.url, namespace=NAMESPACE) as locks:
+        store: StockStore = RedisStock(config.url, run_id) if config.shared else MemoryStock()
+        try:
             runs = []
             for mode, locked in (("no lock", False), ("with lock", True)):
                 await store.reset(config.stock)
@@ -363,20 +376,19 @@ async def run_demo(config: Config) -> Report:
                 else:
                     elapsed = await asyncio.to_thread(run_in_processes, config, run_id, locked)
                 runs.append(Run(mode, config.buyers, await store.totals(), elapsed))
-        unlocked, locked_run = runs
-        # A buyer that was paused while holding the lock wakes up and writes with its old
-        # token, long after newer holders wrote: the store must refuse it.
-        stale_token = locked_run.totals.newest_token - 1
-        stale_refused = False
-        if stale_token >= 1:
-            stale_refused = not await store.sell(config.stock - 1, token=stale_token)
-        return Report(
-            config, unlocked, locked_run, stale_token if stale_token >= 1 else None, stale_refused
-        )
-    finally:
-        if isinstance(store, RedisStock):
-            await store.delete()
-        await store.aclose()
+            unlocked, locked_run = runs
+            # A buyer that was paused while holding the lock wakes up and writes with its
+            # old token, long after newer holders wrote: the store must refuse it.
+            newest = locked_run.totals.newest_token
+            stale_token = newest - 1 if newest >= 2 else None
+            stale_refused = stale_token is not None and not await store.sell(
+                config.stock - 1, token=stale_token
+            )
+            return Report(config, unlocked, locked_run, stale_token, stale_refused)
+        finally:
+            if isinstance(store, RedisStock):
+                await store.delete()
+            await store.aclose()
 
 
 # ---------------------------------------------------------------------- several processes
@@ -388,12 +400,17 @@ def shares(buyers: int, processes: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(processes)]
 
 
+Outcome = tuple[str, str] | None
+"""What a buyer process reports: None when it finished, else ``("service", message)`` when
+the service failed or ``("crash", traceback)`` for anything else (a bug)."""
+
+
 def run_in_processes(config: Config, run_id: str, locked: bool) -> float:
     """Run the buyers in ``config.processes`` processes that start together; return the time
     from the common start until the last one finished."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(config.processes + 1)
-    results: Queue[str | None] = context.Queue()
+    results: Queue[Outcome] = context.Queue()
     workers = [
         context.Process(
             target=buyer_process,
@@ -405,13 +422,17 @@ def run_in_processes(config: Config, run_id: str, locked: bool) -> float:
     ]
     for worker in workers:
         worker.start()
+    outcomes: list[Outcome] = []
     try:
         try:
             barrier.wait(START_TIMEOUT)
         except threading.BrokenBarrierError:
-            raise DemoError(f"a buyer process failed to start: {_first_error(results)}") from None
+            outcomes.append(_next_outcome(results, 10.0))
+            _raise_failures(outcomes, "failed to start")
+            raise DemoError("a buyer process failed to start") from None
         started = time.perf_counter()
-        errors = [results.get(timeout=RUN_TIMEOUT) for _ in workers]
+        for _ in workers:
+            outcomes.append(_next_outcome(results, RUN_TIMEOUT))
         elapsed = time.perf_counter() - started
     finally:
         for worker in workers:
@@ -419,17 +440,25 @@ def run_in_processes(config: Config, run_id: str, locked: bool) -> float:
             if worker.is_alive():
                 worker.kill()
                 worker.join()
-    failed = [error for error in errors if error is not None]
-    if failed:
-        raise DemoError(f"a buyer process failed: {failed[0]}")
+    _raise_failures(outcomes, "failed")
     return elapsed
 
 
-def _first_error(results: Queue[str | None]) -> str:
+def _next_outcome(results: Queue[Outcome], timeout: float) -> Outcome:
     try:
-        return results.get(timeout=5) or "no error reported"
-    except Exception:  # queue.Empty
-        return "it exited without a word"
+        return results.get(timeout=timeout)
+    except queue.Empty:
+        raise DemoError(f"a buyer process did not report within {timeout:.0f} s") from None
+
+
+def _raise_failures(outcomes: list[Outcome], what: str) -> None:
+    for outcome in outcomes:
+        if outcome is None:
+            continue
+        kind, text = outcome
+        if kind == "service":
+            raise DemoError(f"a buyer process {what}: {text}")
+        raise RuntimeError(f"a buyer process crashed:\n{text}")
 
 
 def buyer_process(
@@ -438,14 +467,18 @@ def buyer_process(
     buyers: int,
     locked: bool,
     barrier: Barrier,
-    results: Queue[str | None],
+    results: Queue[Outcome],
 ) -> None:
     """The body of one buyer process: connect, wait for the common start, buy, report."""
     try:
         asyncio.run(_buyer_process(url, run_id, buyers, locked, barrier))
     except BaseException as exc:
         barrier.abort()  # the others must not wait for us
-        results.put(f"{type(exc).__name__}: {exc}")
+        problem = _service_problem(exc)
+        if problem is not None:
+            results.put(("service", problem))
+        else:
+            results.put(("crash", "".join(traceback.format_exception(exc)).rstrip()))
     else:
         results.put(None)
 

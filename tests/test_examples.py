@@ -26,6 +26,7 @@ import pytest
 import redis
 
 import aiodlock
+from aiodlock import _demo
 from aiodlock.__main__ import main as cli_main
 from tests.servers import free_port
 
@@ -79,7 +80,11 @@ ROW = re.compile(
 def demo_rows(stdout: str) -> dict[str, DemoRow]:
     rows = {
         m["mode"]: DemoRow(
-            int(m["buyers"]), int(m["sold"]), int(m["final"]), int(m["oversold"]), float(m["elapsed"])
+            int(m["buyers"]),
+            int(m["sold"]),
+            int(m["final"]),
+            int(m["oversold"]),
+            float(m["elapsed"]),
         )
         for m in ROW.finditer(stdout)
     }
@@ -99,7 +104,9 @@ def check_demo(stdout: str, *, buyers: int, stock: int) -> None:
     assert locked.sold == stock
     assert locked.final_stock == 0
     assert locked.oversold_by == 0
-    assert f"with lock: {stock} sold from a stock of {stock}, oversold by 0, final stock 0" in stdout
+    assert (
+        f"with lock: {stock} sold from a stock of {stock}, oversold by 0, final stock 0" in stdout
+    )
     assert re.search(r"a late write with token \d+ was refused", stdout), stdout
     assert "OK: with the lock" in stdout
 
@@ -127,6 +134,29 @@ def test_demo_via_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     check_demo(capsys.readouterr().out, buyers=30, stock=10)
 
 
+def test_demo_verdict_and_exit_status() -> None:
+    """The exit status is 1 when the locked run is not exact (it would be a bug)."""
+    config = _demo.Config("memory://", buyers=300, stock=100, processes=1, shared=False)
+    unlocked = _demo.Run("no lock", 300, _demo.Totals(99, 300, 0, 0), 0.01)
+
+    def report(sold: int, stock: int, refused: int = 0, stale_refused: bool = True) -> Any:
+        totals = _demo.Totals(stock, sold, refused, 300)
+        locked = _demo.Run("with lock", 300, totals, 0.5)
+        return _demo.Report(config, unlocked, locked, 299, stale_refused)
+
+    assert report(100, 0).ok
+    assert "OK: with the lock, exactly 100 sold" in report(100, 0).render()
+    for bad in (
+        report(101, 0),
+        report(100, 1),
+        report(100, 0, refused=1),
+        report(100, 0, stale_refused=False),
+    ):
+        assert not bad.ok
+        assert "FAILED: the locked run was not exact" in bad.render()
+    assert "oversold by 1" in report(101, 0).render()
+
+
 def test_demo_refuses_processes_on_memory() -> None:
     result = run("-m", "aiodlock", "demo", "--processes", "2")
     assert result.returncode == 2
@@ -141,7 +171,7 @@ def test_demo_refuses_processes_on_memory() -> None:
     [
         (["--buyers", "0"], "argument --buyers: must be at least 1, got 0"),
         (["--stock", "many"], "argument --stock: expected a whole number, got 'many'"),
-        (["--url", "etcd://h:2379"], "known schemes: memory://, redis://"),
+        (["--url", "etcd://h:2379"], "unknown URL scheme 'etcd' in url; known schemes: "),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )
@@ -173,11 +203,12 @@ def test_cli_version() -> None:
     )
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_oversell_demo_on_redis(redis_url: str, processes: int) -> None:
-    result = run(
-        "examples/oversell.py", "--url", redis_url, "--processes", str(processes), url=redis_url
-    )
+@pytest.mark.parametrize(
+    ("query", "processes"), [("", 1), ("", 2), ("?wakeup=blpop", 2)], ids=["1", "2", "2-blpop"]
+)
+def test_oversell_demo_on_redis(redis_url: str, query: str, processes: int) -> None:
+    url = redis_url + query
+    result = run("examples/oversell.py", "--url", url, "--processes", str(processes), url=url)
     stdout = succeeded(result)
     check_demo(stdout, buyers=300, stock=100)
     where = "1 process" if processes == 1 else f"{processes} processes"
@@ -191,11 +222,13 @@ def test_oversell_demo_on_redis(redis_url: str, processes: int) -> None:
 
 
 def test_demo_reports_an_unreachable_redis() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
     result = run("-m", "aiodlock", "demo", "--url", url)
     assert result.returncode == 2
-    assert "the demo could not run" in result.stderr
+    assert result.stdout == ""
+    assert "error: the demo could not run: BackendError:" in result.stderr
     assert "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
 
 
 # ---------------------------------------------------------------------- the other examples
