@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, TypeVar, TypeVarTuple, final
 
 from ._exceptions import BackendError, LockLostError
 from ._lease import Lease
@@ -38,6 +38,7 @@ from .backends._protocol import Backend, Kind, LockSpec
 __all__ = ["ClientStatistics", "LockClient", "connect"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 L = TypeVar("L", bound=_LockBase)
 
 DEFAULT_NAMESPACE: Final = "aiodlock"
@@ -265,16 +266,18 @@ class LockClient:
     async def run_exclusive(
         self,
         name: str,
-        fn: Callable[..., Awaitable[T]],
-        *args: Any,
+        fn: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
         ttl: float | _Unset = UNSET,
         timeout: float | _Unset | None = UNSET,
         max_hold: float | _Unset | None = UNSET,
+        fair: bool = False,
     ) -> T:
         """Run ``await fn(*args)`` holding the mutex ``name``; return its result.
 
         The call is guarded like an ``async with`` body: if the lease is lost, ``fn`` is
-        cancelled and :class:`~aiodlock.LockLostError` raised. Handy for background workers::
+        cancelled and :class:`~aiodlock.LockLostError` raised. Handy for background workers
+        (``fair=True`` makes a pool of workers take turns in arrival order)::
 
             await locks.run_exclusive("nightly-report", build_report, date.today())
 
@@ -284,7 +287,7 @@ class LockClient:
         """
         if not callable(fn):
             raise TypeError(f"fn must be a coroutine function, not {type(fn).__name__}")
-        lock = self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold)
+        lock = self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, fair=fair)
         return await run_guarded(lock, fn, *args)
 
     def statistics(self) -> ClientStatistics:

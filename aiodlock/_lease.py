@@ -89,7 +89,11 @@ class Lease:
             raise LockLostError(f"lease on {self.name!r} is past its validity deadline")
 
     async def release(self) -> None:
-        """Release the lock. Shielded from cancellation, bounded in time, idempotent.
+        """Release the lock. Bounded in time, idempotent, and cancellation-safe.
+
+        If the caller is cancelled while the release is in flight, the same (idempotent)
+        release is finished by a background task the client owns, and the cancellation
+        propagates at once: the lock is released either way.
 
         Raises:
             LockNotOwnedError: the lease was lost before this call (another holder may have

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple, final
 
 from ._exceptions import (
     LockError,
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Lock", "LockStatistics", "ReadLock", "Semaphore", "WriteLock"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 logger = logging.getLogger("aiodlock")
 
 RELEASE_TIMEOUT: Final = 5.0
@@ -429,9 +430,7 @@ class Semaphore(_LockBase):
     _kind = Kind.SEMAPHORE
 
 
-async def run_guarded(
-    lock: _LockBase, fn: Callable[..., Awaitable[T]], *args: Any
-) -> T:
+async def run_guarded(lock: _LockBase, fn: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
     """Run ``await fn(*args)`` while holding ``lock``, cancelled on loss (LockLostError)."""
     async with lock:
         return await fn(*args)
