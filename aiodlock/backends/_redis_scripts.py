@@ -6,15 +6,25 @@ single slot and runs unchanged on Redis Cluster.
 
 Keys of the lock ``name`` in namespace ``ns`` (``T`` = ``{ns:name}``)::
 
-    T              STRING  owner of a mutex / the writer of a read-write lock   (PX = lease)
-    T:fence        STRING  INCR counter of fencing tokens                        (no TTL)
-    T:readers      ZSET    reader owner -> lease expiry, server ms               (PEXPIREAT max)
-    T:sem          ZSET    permit owner -> lease expiry, server ms               (PEXPIREAT max)
-    T:queue        LIST    fair mode: waiting owners, arrival order              (PEXPIRE)
-    T:qdeadline    ZSET    fair mode: waiting owner -> liveness deadline, ms     (PEXPIRE)
-    T:signal       pub/sub channel; in BLPOP mode a LIST of wake tokens          (PEXPIRE)
-    T:rsignal      BLPOP mode only: wake tokens for waiting readers              (PEXPIRE)
-    T:signal:OWNER BLPOP mode only: the wake token of one fair waiter            (PEXPIRE)
+    T                STRING  mutex owner                                     (PX = lease)
+    T:fence          STRING  INCR counter of fencing tokens, all families    (no TTL)
+    T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
+    T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
+    T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
+    T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
+    T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
+    T:writer         STRING  read-write lock: the writer                     (PX = lease)
+    T:readers        ZSET    read-write lock: owner -> lease expiry, ms      (PEXPIREAT)
+    T:rw:signal      read-write channel; BLPOP mode: the writers' tokens     (PEXPIRE)
+    T:rw:rsignal     BLPOP mode: the readers' tokens                         (PEXPIRE)
+    T:rw:waiters     BLPOP mode: ZSET of blocked readers and writers         (PEXPIRE)
+    T:sem            ZSET    semaphore: permit owner -> lease expiry, ms     (PEXPIREAT)
+    T:sem:signal     semaphore channel; BLPOP mode: LIST of wake tokens      (PEXPIRE)
+    T:sem:waiters    BLPOP mode: ZSET of owners blocked on T:sem:signal      (PEXPIRE)
+
+The mutex, the read-write lock and the semaphore of one name are independent (only the
+fencing counter is shared). No suffix contains ``}``, so the last ``}`` of any key closes the
+name: two different names can never produce the same key, however odd the names are.
 
 ``T:fence`` is the only key that deliberately outlives its lock: if it expired, tokens would
 start again at 1 and a fenced resource would refuse every new holder. It costs one small
@@ -26,8 +36,9 @@ with skewed clocks agree on when a reader, a permit or a fair waiter has expired
 
 Notification modes (the ``mode`` argument): ``p`` PUBLISH on ``T:signal``; ``s`` SPUBLISH
 (sharded pub/sub, Redis >= 7, for Cluster); ``l`` LPUSH a token onto a signal list, trim it to
-``cap`` tokens and give it a short TTL (BLPOP mode). Pub/sub payloads: ``1`` wakes one local
-waiter, ``*`` wakes all of them, anything else is the owner id of the one fair waiter to wake.
+``cap`` tokens and give it a short TTL (BLPOP mode) -- but only while the list's waiter registry
+exists, so a release with nobody waiting writes nothing. Pub/sub payloads: ``1`` wakes one
+local waiter, ``*`` wakes all of them, anything else is the owner id of the one fair waiter.
 
 Busy replies carry milliseconds: how long until it is worth trying again.
 """
@@ -42,11 +53,14 @@ __all__ = [
     "MUTEX_RENEW",
     "READ_ACQUIRE",
     "READ_RELEASE",
-    "SCRIPTS",
     "SEM_ACQUIRE",
     "SEM_RELEASE",
     "SIGNAL_PUSH",
     "SIGNAL_TTL_MS",
+    "WAITERS_TTL_MS",
+    "WAIT_ARM",
+    "WAIT_LEAVE",
+    "WAIT_SLICE_MS",
     "WRITE_ACQUIRE",
     "WRITE_RELEASE",
     "ZSET_RENEW",
@@ -56,19 +70,28 @@ SIGNAL_TTL_MS = 5000
 """How long an unconsumed BLPOP wake token lives. It only has to outlast the gap between a
 waiter's re-check and its BLPOP; afterwards a stale token is at worst one spurious wakeup."""
 
+WAIT_SLICE_MS = 10_000
+"""A BLPOP waiter re-registers at least this often (a long wait is cut into BLPOP slices)."""
+
+WAITERS_TTL_MS = 3 * WAIT_SLICE_MS
+"""TTL of a waiter registry: a crashed waiter keeps it alive at most this long after the last
+live waiter re-registered."""
+
 # Server time in whole milliseconds, as a Lua number (exact: it is far below 2^53).
 _NOW = """
 local _t = redis.call('TIME')
 local now = tonumber(_t[1]) * 1000 + math.floor(tonumber(_t[2]) / 1000)
 """
 
+# notify(channel or list, payload, mode, cap, registry): registry is the list's waiter ZSET
+# (false: push unconditionally, for a fair waiter's own list).
 _NOTIFY = f"""
-local function notify(key, msg, mode, cap)
+local function notify(key, msg, mode, cap, registry)
   if mode == 'p' then
     redis.call('PUBLISH', key, msg)
   elseif mode == 's' then
     redis.call('SPUBLISH', key, msg)
-  else
+  elseif not registry or redis.call('EXISTS', registry) == 1 then
     redis.call('LPUSH', key, msg)
     redis.call('LTRIM', key, 0, cap - 1)
     redis.call('PEXPIRE', key, {SIGNAL_TTL_MS})
@@ -89,28 +112,46 @@ local function expire_at_max(zset, other)
 end
 """
 
+# BLPOP mode only (the backend then passes the extra KEYS): a waiter that is granted leaves
+# the waiter registry in the same step, so once it holds the lock nothing is left to do --
+# nothing that a cancellation could interrupt and turn into a lost grant.
+_LEAVE_ON_GRANT = """
+local function leave_on_grant(owner, registry, lists)
+  redis.call('ZREM', registry, owner)
+  if redis.call('EXISTS', registry) == 0 then
+    for _, key in ipairs(lists) do
+      redis.call('DEL', key)
+    end
+  end
+end
+"""
+
 # ---------------------------------------------------------------------------------- mutex
 
-MUTEX_ACQUIRE = """
--- KEYS[1] lock, KEYS[2] fence
+MUTEX_ACQUIRE = (
+    _LEAVE_ON_GRANT
+    + """
+-- KEYS[1] lock, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
 -- ARGV[1] owner, ARGV[2] lease ms
 -- -> {1, fencing token} | {0, PTTL of the holder in ms (-1: the key has no TTL)}
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
   return {1, redis.call('INCR', KEYS[2])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 """
+)
 
 MUTEX_RELEASE = (
     _NOTIFY
     + """
--- KEYS[1] lock, KEYS[2] signal
+-- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry)
 -- ARGV[1] owner, ARGV[2] notify mode
 -- -> 1 released | 0 not the owner (never held, released already, or expired)
 -- Compare-and-delete, then wake one waiter per process ("1").
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  notify(KEYS[2], '1', ARGV[2], 1)
+  notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
   return 1
 end
 return 0
@@ -132,34 +173,38 @@ return 0
 
 READ_ACQUIRE = (
     _NOW
+    + _NOTIFY
     + _EXPIRE_AT_MAX
-    + f"""
--- KEYS[1] lock (writer), KEYS[2] fence, KEYS[3] readers, KEYS[4] rsignal
+    + _LEAVE_ON_GRANT
+    + """
+-- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers, KEYS[4] rsignal, KEYS[5] waiters;
+-- BLPOP mode also KEYS[6] (writers') signal
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' to pass a BLPOP wakeup on to the next reader
--- -> {{1, token}} | {{0, PTTL of the writer}}
+-- -> {1, token} | {0, PTTL of the writer}
 -- Readers share; only a writer blocks them (no writer preference).
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
-  return {{0, pttl}}
+  return {0, pttl}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
 expire_at_max(KEYS[3], false)
+if #KEYS > 5 then leave_on_grant(ARGV[1], KEYS[5], {KEYS[6], KEYS[4]}) end
 if ARGV[3] == '1' then
   -- BLPOP mode: a write release pushes one reader token; every reader it lets in passes
   -- one on, so all blocked readers wake in a chain instead of one per release.
-  redis.call('LPUSH', KEYS[4], '1')
-  redis.call('LTRIM', KEYS[4], 0, 0)
-  redis.call('PEXPIRE', KEYS[4], {SIGNAL_TTL_MS})
+  notify(KEYS[4], '1', 'l', 1, KEYS[5])
 end
-return {{1, redis.call('INCR', KEYS[2])}}
+return {1, redis.call('INCR', KEYS[2])}
 """
 )
 
 WRITE_ACQUIRE = (
     _NOW
+    + _LEAVE_ON_GRANT
     + """
--- KEYS[1] lock (writer), KEYS[2] fence, KEYS[3] readers
+-- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers;
+-- BLPOP mode also KEYS[4] waiters, KEYS[5] signal, KEYS[6] rsignal
 -- ARGV[1] owner, ARGV[2] lease ms
 -- -> {1, token} | {0, PTTL of the writer} | {0, ms until the earliest reader lease ends}
 local pttl = redis.call('PTTL', KEYS[1])
@@ -172,6 +217,7 @@ if first[2] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5], KEYS[6]}) end
 return {1, redis.call('INCR', KEYS[2])}
 """
 )
@@ -180,7 +226,7 @@ READ_RELEASE = (
     _NOW
     + _NOTIFY
     + """
--- KEYS[1] readers, KEYS[2] signal
+-- KEYS[1] readers, KEYS[2] signal, KEYS[3] waiters
 -- ARGV[1] owner, ARGV[2] notify mode
 -- -> 1 released | 0 not held (absent, or its lease had already ended)
 -- The last reader out wakes one waiter per process: only writers wait on readers.
@@ -191,7 +237,7 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  notify(KEYS[2], '1', ARGV[2], 1)
+  notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
 end
 if tonumber(score) > now then
   return 1
@@ -203,7 +249,7 @@ return 0
 WRITE_RELEASE = (
     _NOTIFY
     + """
--- KEYS[1] lock (writer), KEYS[2] signal, KEYS[3] rsignal
+-- KEYS[1] writer, KEYS[2] signal, KEYS[3] rsignal, KEYS[4] waiters
 -- ARGV[1] owner, ARGV[2] notify mode
 -- -> 1 released | 0 not the owner
 -- Readers and writers may both be waiting: wake them all ('*'). BLPOP mode has no
@@ -211,10 +257,10 @@ WRITE_RELEASE = (
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] == 'l' then
-    notify(KEYS[2], '1', 'l', 1)
-    notify(KEYS[3], '1', 'l', 1)
+    notify(KEYS[2], '1', 'l', 1, KEYS[4])
+    notify(KEYS[3], '1', 'l', 1, KEYS[4])
   else
-    notify(KEYS[2], '*', ARGV[2], 1)
+    notify(KEYS[2], '*', ARGV[2], 1, false)
   end
   return 1
 end
@@ -227,8 +273,9 @@ return 0
 SEM_ACQUIRE = (
     _NOW
     + _EXPIRE_AT_MAX
+    + _LEAVE_ON_GRANT
     + """
--- KEYS[1] sem, KEYS[2] fence
+-- KEYS[1] sem, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit
 -- -> {1, token} | {0, ms until the earliest permit lease ends}
 -- Expired permits (crashed holders) are reclaimed first.
@@ -236,6 +283,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   expire_at_max(KEYS[1], false)
+  if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
   return {1, redis.call('INCR', KEYS[2])}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -247,7 +295,7 @@ SEM_RELEASE = (
     _NOW
     + _NOTIFY
     + """
--- KEYS[1] sem, KEYS[2] signal
+-- KEYS[1] sem, KEYS[2] signal, KEYS[3] waiters
 -- ARGV[1] owner, ARGV[2] notify mode, ARGV[3] limit (the BLPOP token cap: one per permit)
 -- -> 1 released | 0 not held (absent, or its lease had already ended)
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -255,7 +303,7 @@ if not score then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-notify(KEYS[2], '1', ARGV[2], tonumber(ARGV[3]))
+notify(KEYS[2], '1', ARGV[2], tonumber(ARGV[3]), KEYS[3])
 if tonumber(score) > now then
   return 1
 end
@@ -294,19 +342,22 @@ _FAIR = (
     _NOTIFY
     + _EXPIRE_AT_MAX
     + """
+-- A fair waiter's BLPOP list is its own: the queue is its registry.
 local function notify_owner(signal, owner, mode)
   if mode == 'l' then
-    notify(signal .. ':' .. owner, '1', 'l', 1)
+    notify(signal .. ':' .. owner, '1', 'l', 1, false)
   else
-    notify(signal, owner, mode, 1)
+    notify(signal, owner, mode, 1, false)
   end
 end
 
--- Drop waiters whose deadline passed; returns how many were dropped.
-local function purge(queue, qd, now)
+-- Drop waiters whose deadline passed (and, in BLPOP mode, their token lists); returns how
+-- many were dropped.
+local function purge(queue, qd, now, signal, mode)
   local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now)
   for i = 1, #dead do
     redis.call('LREM', queue, 1, dead[i])
+    if mode == 'l' then redis.call('DEL', signal .. ':' .. dead[i]) end
   end
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', qd, '-inf', now)
@@ -324,13 +375,14 @@ FAIR_ACQUIRE = (
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] qdeadline, KEYS[5] signal
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode
 -- -> {1, token}
---  | {0, ms}: min(holder PTTL, or the head's remaining deadline if the lock is free but the
---    head has not taken it yet; lease/3) -- at most lease/3 so the heartbeat keeps our place.
+--  | {0, ms}: min(holder PTTL, the head's remaining deadline, lease/3) -- at most lease/3 so
+--    this heartbeat keeps our place; at most the head's deadline so a dead head is purged
+--    (and its successor let in) as soon as it may be.
 -- Granted only if the lock is free and we are at the head of the queue (or it is empty).
 -- A refused owner is appended once; each attempt refreshes its deadline to now + lease.
 local lock, fence, queue, qd, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local dropped = purge(queue, qd, now)
+local dropped = purge(queue, qd, now, signal, mode)
 local free = redis.call('EXISTS', lock) == 0
 local head = redis.call('LINDEX', queue, 0)
 if free and (not head or head == owner) then
@@ -339,6 +391,7 @@ if free and (not head or head == owner) then
     redis.call('LPOP', queue)
     redis.call('ZREM', qd, owner)
     expire_at_max(qd, queue)
+    if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
   end
   return {1, redis.call('INCR', fence)}
 end
@@ -353,11 +406,16 @@ end
 redis.call('ZADD', qd, now + ttl, owner)
 expire_at_max(qd, queue)
 local wait = redis.call('PTTL', lock)
-if free then
-  local deadline = redis.call('ZSCORE', qd, head)
-  wait = deadline and (tonumber(deadline) - now) or 0
-elseif wait < 0 then
+if free or wait < 0 then
   wait = ttl
+end
+if head ~= owner then
+  -- Try again when the head's deadline passes: if it died, that attempt purges it and
+  -- moves us up, instead of leaving the queue stuck until our next heartbeat.
+  local deadline = redis.call('ZSCORE', qd, head)
+  if deadline and tonumber(deadline) - now < wait then
+    wait = tonumber(deadline) - now
+  end
 end
 local beat = math.floor(ttl / 3)
 if wait > beat then wait = beat end
@@ -377,7 +435,7 @@ FAIR_RELEASE = (
 -- head -- and only the head -- is woken.
 local lock, queue, qd, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, mode = ARGV[1], ARGV[2]
-local changed = purge(queue, qd, now) > 0
+local changed = purge(queue, qd, now, signal, mode) > 0
 local released = 0
 if redis.call('GET', lock) == owner then
   redis.call('DEL', lock)
@@ -387,6 +445,7 @@ elseif redis.call('ZREM', qd, owner) == 1 then
   if redis.call('LINDEX', queue, 0) == owner then changed = true end
   redis.call('LREM', queue, 1, owner)
   expire_at_max(qd, queue)
+  if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
 end
 if changed and redis.call('EXISTS', lock) == 0 then
   local head = redis.call('LINDEX', queue, 0)
@@ -398,30 +457,40 @@ return released
 
 # ------------------------------------------------------------------------------ wakeups
 
-SIGNAL_PUSH = f"""
--- KEYS[1] a BLPOP signal list
+SIGNAL_PUSH = (
+    _NOTIFY
+    + """
+-- KEYS[1] a BLPOP signal list, KEYS[2] its waiters
 -- ARGV[1] cap
--- -> 1. Hands back a wake token that a waiter may have consumed without using it (it was
--- cancelled with the BLPOP reply in flight), so no other waiter misses the release.
-redis.call('LPUSH', KEYS[1], '1')
-redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-redis.call('PEXPIRE', KEYS[1], {SIGNAL_TTL_MS})
+-- -> 1. Hands back a wake token that a waiter took without using it (it was cancelled with
+-- the BLPOP reply in flight, or left with the token banked), so no other waiter misses the
+-- release.
+notify(KEYS[1], '1', 'l', tonumber(ARGV[1]), KEYS[2])
+return 1
+"""
+)
+
+WAIT_ARM = """
+-- KEYS[1] waiters
+-- ARGV[1] owner, ARGV[2] registry TTL ms
+-- -> 1. Registers a BLPOP waiter *before* its re-check, so a release after that re-check
+-- pushes a token (BLPOP mode's equivalent of a confirmed SUBSCRIBE). Members carry no
+-- deadline: the registry's TTL, refreshed by every live waiter, bounds a crashed one.
+redis.call('ZADD', KEYS[1], 0, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-SCRIPTS: tuple[str, ...] = (
-    MUTEX_ACQUIRE,
-    MUTEX_RELEASE,
-    MUTEX_RENEW,
-    READ_ACQUIRE,
-    WRITE_ACQUIRE,
-    READ_RELEASE,
-    WRITE_RELEASE,
-    SEM_ACQUIRE,
-    SEM_RELEASE,
-    ZSET_RENEW,
-    FAIR_ACQUIRE,
-    FAIR_RELEASE,
-    SIGNAL_PUSH,
-)
-"""Every script, loaded with SCRIPT LOAD when the backend opens."""
+WAIT_LEAVE = """
+-- KEYS[1] waiters, KEYS[2..] the signal lists it guards
+-- ARGV[1] owner
+-- -> 1 if that was the last waiter (and the lists, whose tokens nobody needs, are deleted)
+redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  for i = 2, #KEYS do
+    redis.call('DEL', KEYS[i])
+  end
+  return 1
+end
+return 0
+"""

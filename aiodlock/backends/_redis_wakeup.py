@@ -26,12 +26,20 @@ Two mechanisms, chosen by the backend's ``wakeup`` option:
     1000 waiters on one or many locks cost exactly one connection; leaving (also by
     cancellation) is synchronous bookkeeping, so nothing stays subscribed.
 
+    The connection is driven directly rather than through redis-py's ``PubSub``: its
+    ``subscribe()`` only *sends* SUBSCRIBE (the confirmation is a message some reader has to
+    pick up), it re-subscribes silently inside a read after a reconnect (so nobody learns
+    that messages were lost), and its reads and writes share one lock-free connection object
+    between tasks. Here one writer task owns every write, one reader task every read.
+
 ``blpop`` -- :class:`BlockingSignals`
     Each ``wait()`` blocks in ``BLPOP <signal list> <timeout>`` on a connection of its own:
     one connection per concurrently waiting acquisition, which is the price of this mode
-    (use it where pub/sub is unavailable or filtered). Releases LPUSH a token, so a release
-    that happens before the BLPOP is kept in the list (level-triggered by construction); the
-    list is trimmed and expires after a few seconds. There is no broadcast: readers wake in a
+    (use it where pub/sub is unavailable or filtered). Arming registers the owner in the
+    list's waiter registry (a ZSET); releases LPUSH a token only while that registry exists,
+    so a release with nobody waiting writes nothing, and a release that happens before the
+    BLPOP is kept in the list (level-triggered by construction). The last waiter to leave
+    deletes the registry and any unused token. There is no broadcast: readers wake in a
     chain (each reader let in after a wakeup passes one token on, see ``READ_ACQUIRE``), and
     each fair waiter blocks on its own list.
 
@@ -48,16 +56,17 @@ import math
 import random
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError, ResponseError
 
 from .._exceptions import BackendError
+from ._redis_scripts import WAIT_SLICE_MS, WAITERS_TTL_MS
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["BlockingSignals", "BlpopWaiter", "PubSubHub", "PubSubWaiter"]
+__all__ = ["BlockingSignals", "BlpopWaiter", "PubSubHub", "PubSubWaiter", "SignalCommands"]
 
 _log = logging.getLogger("aiodlock.redis")
 
@@ -75,9 +84,6 @@ _PING_INTERVAL: Final = 15.0
 is dead (a silent partition would otherwise leave every waiter on its cap)."""
 _MIN_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 2.0
-
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
-"""Runs a coroutine in the backend's TaskGroup (never a bare task); drops it once closed."""
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -371,7 +377,14 @@ class PubSubHub:
                     await conn.connect()  # type: ignore[no-untyped-call]
             except Exception as exc:
                 await _disconnect(conn)
-                _log.warning("redis pub/sub connect to %s failed: %r", self._where, exc)
+                # Warn once per outage; the retries after it are routine.
+                _log.log(
+                    logging.DEBUG if delay else logging.WARNING,
+                    "redis pub/sub connect to %s failed: %s: %s",
+                    self._where,
+                    type(exc).__name__,
+                    exc,
+                )
                 self._fail_pending(exc)
                 delay = min(_MAX_BACKOFF, max(_MIN_BACKOFF, delay * 2))
                 # Reconnect backoff (jittered), not a lock poll: waiters are capped anyway.
@@ -389,7 +402,13 @@ class PubSubHub:
                     tg.create_task(self._read_loop(conn))
                     tg.create_task(self._write_loop(conn))
             except Exception as exc:
-                _log.warning("redis pub/sub connection to %s lost: %r", self._where, exc)
+                cause = _find(exc, Exception)
+                _log.warning(
+                    "redis pub/sub connection to %s lost: %s: %s",
+                    self._where,
+                    type(cause).__name__,
+                    cause,
+                )
                 refused = _find(exc, ResponseError)
                 if refused is not None:
                     # The server refused a SUBSCRIBE (ACL?): retrying will not help them.
@@ -454,14 +473,14 @@ class PubSubHub:
 
 
 def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    if isinstance(exc, kind):
-        return exc
+    """The first exception of ``kind`` in ``exc``, looking inside exception groups."""
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             found = _find(inner, kind)
             if found is not None:
                 return found
-    return None
+        return None
+    return exc if isinstance(exc, kind) else None
 
 
 # ------------------------------------------------------------------------------ BLPOP mode
@@ -471,34 +490,55 @@ _DRAIN_LIMIT: Final = 0.25
 the connection); a longer one is aborted, which costs the connection."""
 
 
+class SignalCommands(Protocol):
+    """The few commands BLPOP waiters need from the backend (its pool, scripts, errors)."""
+
+    async def _arm_waiter(self, registry: bytes, owner: str) -> None:
+        """Register ``owner`` in ``registry`` (``WAIT_ARM``); raise ``BackendError``."""
+        ...
+
+    async def _leave_waiter(self, registry: bytes, lists: tuple[bytes, ...], owner: str) -> None:
+        """Deregister ``owner`` (``WAIT_LEAVE``); best effort, never raises."""
+        ...
+
+    async def _push_back(self, key: bytes, registry: bytes, cap: int) -> None:
+        """Hand a wake token back to ``key`` (``SIGNAL_PUSH``); best effort, never raises."""
+        ...
+
+
 class BlockingSignals:
     """Connections and reader tasks for BLPOP waits: one connection per waiting acquisition.
 
-    They are kept apart from the command pool so blocked waiters can never starve the
-    releases that would wake them. A few idle ones are kept for reuse; the rest are closed.
+    A waiter first registers its owner id in the list's waiter registry (a ZSET) and only
+    then re-checks the lock -- the BLPOP counterpart of a confirmed SUBSCRIBE: a release
+    pushes a token only while the registry exists, so a release with nobody waiting writes
+    nothing, and the last waiter to leave deletes the registry and any unused tokens.
 
-    Redis checks BLPOP timeouts only ``hz`` times a second (every 100 ms by default), so the
-    BLPOP runs in a task of the backend's TaskGroup and ``wait()`` keeps its own, exact timer:
-    when the timer fires first, the BLPOP stays in flight for the next ``wait()`` and a token
-    it pops later is banked, or handed back if the waiter has left.
+    The connections are kept apart from the command pool so blocked waiters can never starve
+    the releases that would wake them; a few idle ones are kept for reuse. Redis checks BLPOP
+    timeouts only ``hz`` times a second (every 100 ms by default), so each BLPOP runs in a
+    task of the backend's TaskGroup and ``wait()`` keeps its own, exact timer: when the timer
+    fires first, the BLPOP stays in flight for the next ``wait()``, and a token it pops later
+    is banked, or handed back if the waiter has left. Long waits are cut into slices of
+    ``WAIT_SLICE_MS`` so every live waiter re-registers (refreshing the registry's TTL).
     """
 
     def __init__(
         self,
         make_connection: Callable[[], AbstractConnection],
+        commands: SignalCommands,
         *,
         connect_timeout: float,
         grace: float,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
-        push_back: Callable[[bytes, int], Coroutine[Any, Any, None]],
         where: str,
         keep_idle: int = 4,
     ) -> None:
         self._make_connection = make_connection
+        self._commands = commands
         self._connect_timeout = connect_timeout
         self._grace = grace
         self._spawn = spawn
-        self._push_back = push_back
         self._where = where
         self._keep_idle = keep_idle
         self._idle: list[AbstractConnection] = []
@@ -509,13 +549,23 @@ class BlockingSignals:
         self.woken_readers: set[str] = set()
         """Owners of readers that took a token: their next attempt passes one on."""
 
-    def waiter(self, key: bytes, *, cap: int, reader: str | None = None) -> BlpopWaiter:
-        """A waiter on list ``key``.
+    def waiter(
+        self,
+        key: bytes,
+        owner: str,
+        *,
+        registry: bytes | None,
+        lists: tuple[bytes, ...] = (),
+        cap: int = 1,
+        reader: bool = False,
+    ) -> BlpopWaiter:
+        """A waiter blocking on list ``key``.
 
-        ``cap`` bounds the list when a token is handed back (0: never hand back, for a fair
-        waiter's own list); ``reader`` is the owner id of a waiting reader.
+        ``registry`` is the waiter ZSET guarding ``lists`` (``None`` for a fair waiter's own
+        list, which the fair queue guards); ``cap`` bounds the list when a token is handed
+        back; ``reader`` marks a waiting reader, whose next grant passes a token on.
         """
-        return BlpopWaiter(self, key, cap, reader)
+        return BlpopWaiter(self, key, owner, registry, lists, cap, reader)
 
     def close(self) -> list[AbstractConnection]:
         """Abort every BLPOP in flight; return the idle connections for closing."""
@@ -560,9 +610,9 @@ class BlockingSignals:
         else:
             self._spawn(_disconnect(conn))
 
-    def _give_back(self, key: bytes, cap: int) -> None:
-        if cap > 0:
-            self._spawn(self._push_back(key, cap))
+    def _give_back(self, key: bytes, registry: bytes | None, cap: int) -> None:
+        if registry is not None:  # a fair waiter's list: the core's release re-notifies
+            self._spawn(self._commands._push_back(key, registry, cap))
 
 
 class BlpopWaiter:
@@ -575,16 +625,31 @@ class BlpopWaiter:
         "_flag",
         "_fut",
         "_key",
+        "_lists",
         "_owes",
+        "_owner",
         "_read",
         "_read_until",
         "_reader",
+        "_registry",
         "_sigs",
     )
 
-    def __init__(self, sigs: BlockingSignals, key: bytes, cap: int, reader: str | None) -> None:
+    def __init__(
+        self,
+        sigs: BlockingSignals,
+        key: bytes,
+        owner: str,
+        registry: bytes | None,
+        lists: tuple[bytes, ...],
+        cap: int,
+        reader: bool,
+    ) -> None:
         self._sigs = sigs
         self._key = key
+        self._owner = owner
+        self._registry = registry
+        self._lists = lists
         self._cap = cap
         self._reader = reader
         self._entered = False
@@ -596,11 +661,18 @@ class BlpopWaiter:
         self._read_until = 0.0  # loop time the BLPOP in flight times out on the server
 
     async def __aenter__(self) -> BlpopWaiter:
-        # Nothing to arm: a release pushes a token that waits in the list for us.
-        if self._sigs.closed:
-            raise BackendError(f"the redis backend for {self._sigs._where} is closed")
+        sigs = self._sigs
+        if sigs.closed:
+            raise BackendError(f"the redis backend for {sigs._where} is closed")
+        if self._registry is not None:
+            try:
+                await sigs._commands._arm_waiter(self._registry, self._owner)
+            except BaseException:
+                # Cancelled or failed with the ZADD maybe applied: undo it in the background.
+                self._spawn_leave()
+                raise
         self._entered = True
-        self._sigs.waiters += 1
+        sigs.waiters += 1
         return self
 
     async def __aexit__(
@@ -614,11 +686,11 @@ class BlpopWaiter:
         self._entered = False
         sigs = self._sigs
         sigs.waiters -= 1
-        if self._reader is not None:
-            sigs.woken_readers.discard(self._reader)
-        if self._flag or (self._owes and exc_type is not None):
-            # A token we took and will not use (banked, or cancelled before the re-check).
-            sigs._give_back(self._key, self._cap)
+        if self._reader:
+            sigs.woken_readers.discard(self._owner)
+        # A token we took and will not use (banked, or cancelled before the re-check): the
+        # give-back runs before our deregistration, which may delete the list.
+        give_back = self._flag or (self._owes and exc_type is not None)
         self._flag = self._owes = False
         read = self._read
         if read is not None:
@@ -626,8 +698,24 @@ class BlpopWaiter:
             if self._read_until - loop.time() > _DRAIN_LIMIT:
                 # Aborting loses the connection; the reply may have been a token: hand it back.
                 read.cancel()
-                sigs._give_back(self._key, self._cap)
-            # else: let it run out; a token it pops now is handed back (see _blpop).
+                give_back = True
+            # else: let it run out; a token it pops now is handed back (see _on_token).
+        if give_back:
+            sigs._give_back(self._key, self._registry, self._cap)
+        leave = self._spawn_leave()
+        if leave is not None and exc_type is not None:
+            # Leaving without the lock: wait for the deregistration (shielded, so a second
+            # cancellation cannot skip it) so that nothing of ours is left once we are out.
+            # Leaving with the lock never waits here: the grant already deregistered us (see
+            # _LEAVE_ON_GRANT), and an await after a grant could turn into a lost lease.
+            await asyncio.shield(leave)
+
+    def _spawn_leave(self) -> asyncio.Task[None] | None:
+        if self._registry is None:
+            return None
+        return self._sigs._spawn(
+            self._sigs._commands._leave_waiter(self._registry, self._lists, self._owner)
+        )
 
     async def wait(self, timeout: float | None) -> None:
         """Return when a token was taken (or one is banked), or after ``timeout`` seconds."""
@@ -660,10 +748,7 @@ class BlpopWaiter:
         self._flag = False
 
     def _block_arg(self, now: float) -> str:
-        remaining = self._deadline - now
-        if remaining == math.inf:
-            self._read_until = math.inf
-            return "0"  # BLPOP's "forever"
+        remaining = min(self._deadline - now, WAIT_SLICE_MS / 1000.0)
         # Decimal seconds (Redis >= 6), rounded up to whole ms; never 0, which means forever.
         seconds = max(math.ceil(remaining * 1000.0), 1) / 1000.0
         self._read_until = now + seconds
@@ -677,10 +762,23 @@ class BlpopWaiter:
         try:
             while True:
                 block = self._block_arg(loop.time())
-                await conn.send_command("BLPOP", self._key, block, check_health=False)
-                limit = self._read_until + sigs._grace - loop.time()
-                async with asyncio.timeout(None if limit == math.inf else limit):
-                    reply = await conn.read_response(timeout=math.inf)
+                blpop = ("BLPOP", self._key, block)
+                if self._registry is None:
+                    await conn.send_command(*blpop, check_health=False)
+                    replies = 1
+                else:
+                    # Re-register on every BLPOP, pipelined: keeps the registry alive.
+                    reg = self._registry
+                    commands = (
+                        ("ZADD", reg, 0, self._owner),
+                        ("PEXPIRE", reg, WAITERS_TTL_MS),
+                        blpop,
+                    )
+                    await conn.send_packed_command(conn.pack_commands(commands), False)
+                    replies = 3
+                async with asyncio.timeout(self._read_until + sigs._grace - loop.time()):
+                    for _ in range(replies):
+                        reply = await conn.read_response()  # no socket_timeout: unbounded
                 if reply is not None:
                     self._on_token()
                     break
@@ -691,22 +789,24 @@ class BlpopWaiter:
         except (RedisError, OSError):
             # Connection lost or our read limit passed: wake the waiter to re-check (which
             # reports a real outage), and hand back the token the lost reply may have held.
-            sigs._give_back(self._key, self._cap)
+            sigs._give_back(self._key, self._registry, self._cap)
             self._wake()
         finally:
             # Also on cancellation (the waiter left, or the backend is closing).
             self._read = None
             sigs._reads.discard(asyncio.current_task())
             sigs._release(conn, healthy=healthy)
+            if sigs.closed:
+                self._wake()  # let the caller re-check and meet the closed backend
 
     def _on_token(self) -> None:
         if not self._entered:
             # The waiter left meanwhile: the token is someone else's.
-            self._sigs._give_back(self._key, self._cap)
+            self._sigs._give_back(self._key, self._registry, self._cap)
             return
         self._owes = True
-        if self._reader is not None:
-            self._sigs.woken_readers.add(self._reader)
+        if self._reader:
+            self._sigs.woken_readers.add(self._owner)
         self._wake()
 
     def _wake(self) -> None:

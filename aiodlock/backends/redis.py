@@ -16,12 +16,15 @@ opaque: ``{``, ``}``, spaces and unicode are fine, because every suffix below is
     {ns:name}:qdeadline     fair mutex: ZSET owner -> liveness deadline (server ms)
     {ns:name}:signal        mutex wakeup channel (BLPOP mode: token list;
                             ``:signal:<owner>`` for one fair waiter)
+    {ns:name}:waiters       BLPOP mode: ZSET of the owners blocked on ``:signal``
     {ns:name}:writer        read-write lock: the writer, PX = lease
     {ns:name}:readers       read-write lock: ZSET reader owner -> lease expiry (server ms)
     {ns:name}:rw:signal     read-write wakeups (BLPOP mode: writers' token list)
     {ns:name}:rw:rsignal    BLPOP mode: the readers' token list
+    {ns:name}:rw:waiters    BLPOP mode: ZSET of blocked readers and writers
     {ns:name}:sem           semaphore: ZSET permit owner -> lease expiry (server ms)
-    {ns:name}:sem:signal    semaphore wakeups
+    {ns:name}:sem:signal    semaphore wakeups (BLPOP mode: token list)
+    {ns:name}:sem:waiters   BLPOP mode: ZSET of the owners blocked on ``:sem:signal``
 
 The mutex, the read-write lock and the semaphore of one name are independent families (as on
 every backend), sharing only the fencing counter. Everything but ``:fence`` has a TTL or is
@@ -31,7 +34,8 @@ deleted when it empties.
 remaining time (+1 ms), so a crashed holder is replaced right after its key expires even
 though nobody publishes anything. Otherwise the release script notifies: by pub/sub
 (default; one connection per backend for all waiters) or by BLPOP signal lists
-(``wakeup="blpop"``; one connection per waiting acquisition).
+(``wakeup="blpop"``; one connection per waiting acquisition, and a token is pushed only while
+the list's waiter registry says someone waits).
 
 **Fair mode** (``locks.lock(name, fair=True)``) keeps a queue. A lock is granted only to the
 head of the queue; each refused attempt is also the waiter's *heartbeat*, refreshing its
@@ -54,11 +58,12 @@ import contextlib
 import functools
 import hashlib
 import math
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from redis.asyncio import BlockingConnectionPool, Redis
+import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -90,7 +95,7 @@ class _Script:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
 _MUTEX_ACQUIRE: Final = _Script(lua.MUTEX_ACQUIRE)
@@ -106,6 +111,8 @@ _ZSET_RENEW: Final = _Script(lua.ZSET_RENEW)
 _FAIR_ACQUIRE: Final = _Script(lua.FAIR_ACQUIRE)
 _FAIR_RELEASE: Final = _Script(lua.FAIR_RELEASE)
 _SIGNAL_PUSH: Final = _Script(lua.SIGNAL_PUSH)
+_WAIT_ARM: Final = _Script(lua.WAIT_ARM)
+_WAIT_LEAVE: Final = _Script(lua.WAIT_LEAVE)
 _ALL_SCRIPTS: Final = (
     _MUTEX_ACQUIRE,
     _MUTEX_RELEASE,
@@ -120,6 +127,8 @@ _ALL_SCRIPTS: Final = (
     _FAIR_ACQUIRE,
     _FAIR_RELEASE,
     _SIGNAL_PUSH,
+    _WAIT_ARM,
+    _WAIT_LEAVE,
 )
 
 
@@ -131,17 +140,25 @@ class _Keys:
         "fair_release",
         "mutex",
         "mutex_acquire",
+        "mutex_acquire_l",
         "mutex_release",
+        "mutex_waiters",
         "read_acquire",
+        "read_acquire_l",
+        "read_release",
         "readers",
         "rsignal",
         "rw_signal",
+        "rw_waiters",
         "sem",
         "sem_acquire",
+        "sem_acquire_l",
         "sem_release",
         "sem_signal",
+        "sem_waiters",
         "signal",
         "write_acquire",
+        "write_acquire_l",
         "write_release",
         "writer",
     )
@@ -151,21 +168,31 @@ class _Keys:
         fence = tag + b":fence"
         self.mutex = tag
         self.signal = tag + b":signal"
+        self.mutex_waiters = tag + b":waiters"
         self.writer = tag + b":writer"
         self.readers = tag + b":readers"
         self.rw_signal = tag + b":rw:signal"
         self.rsignal = tag + b":rw:rsignal"
+        self.rw_waiters = tag + b":rw:waiters"
         self.sem = tag + b":sem"
         self.sem_signal = tag + b":sem:signal"
+        self.sem_waiters = tag + b":sem:waiters"
         self.mutex_acquire = (tag, fence)
-        self.mutex_release = (tag, self.signal)
+        self.mutex_release = (tag, self.signal, self.mutex_waiters)
         self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
         self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal)
-        self.read_acquire = (self.writer, fence, self.readers, self.rsignal)
+        self.read_acquire = (self.writer, fence, self.readers, self.rsignal, self.rw_waiters)
         self.write_acquire = (self.writer, fence, self.readers)
-        self.write_release = (self.writer, self.rw_signal, self.rsignal)
+        self.read_release = (self.readers, self.rw_signal, self.rw_waiters)
+        self.write_release = (self.writer, self.rw_signal, self.rsignal, self.rw_waiters)
         self.sem_acquire = (self.sem, fence)
-        self.sem_release = (self.sem, self.sem_signal)
+        self.sem_release = (self.sem, self.sem_signal, self.sem_waiters)
+        # BLPOP mode: acquire scripts also take the waiter registry and its lists, which a
+        # granted waiter leaves in the same step (see _redis_scripts._LEAVE_ON_GRANT).
+        self.mutex_acquire_l = (*self.mutex_acquire, self.mutex_waiters, self.signal)
+        self.read_acquire_l = (*self.read_acquire, self.rw_signal)
+        self.write_acquire_l = (*self.write_acquire, self.rw_waiters, self.rw_signal, self.rsignal)
+        self.sem_acquire_l = (*self.sem_acquire, self.sem_waiters, self.sem_signal)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -190,12 +217,13 @@ def _busy(ms: int) -> Busy:
 class _ErrorMap:
     """``with``-block that turns driver exceptions into :class:`BackendError` (reusable)."""
 
-    __slots__ = ("_action", "_secret", "_where")
+    __slots__ = ("_action", "_limit", "_secret", "_where")
 
-    def __init__(self, action: str, where: str, secret: str | None) -> None:
+    def __init__(self, action: str, where: str, secret: str | None, limit: float) -> None:
         self._action = action
         self._where = where
         self._secret = secret
+        self._limit = limit
 
     def __enter__(self) -> None:
         return None
@@ -210,6 +238,8 @@ class _ErrorMap:
             return
         if isinstance(exc, RedisError | OSError):  # OSError includes TimeoutError
             detail = str(exc)
+            if not detail and isinstance(exc, TimeoutError):
+                detail = f"no reply within {self._limit} s"
             if self._secret:
                 detail = detail.replace(self._secret, "***")
             raise BackendError(
@@ -217,17 +247,62 @@ class _ErrorMap:
             ) from exc
 
 
+class _Deadlines:
+    """Bounds every command by ``socket_timeout`` for ~0.2 us a call.
+
+    ``asyncio.timeout`` costs ~6 us a call (a timer handle in the loop's heap, per command),
+    which alone would be a tenth of the uncontended acquire+release budget. Instead each
+    command notes its deadline in a dict, and one sweeper task (in the backend's TaskGroup)
+    cancels the commands that overran, every ``limit / 4`` -- so a command is cut off between
+    ``limit`` and ``1.25 * limit``. ``end()`` turns that cancellation into ``TimeoutError``
+    exactly as ``asyncio.timeout`` would (``uncancel``), and lets any other one through.
+    """
+
+    __slots__ = ("_inflight", "_limit", "_overdue")
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._inflight: dict[asyncio.Task[Any], float] = {}
+        self._overdue: set[asyncio.Task[Any]] = set()
+
+    def start(self, task: asyncio.Task[Any], now: float) -> None:
+        self._inflight[task] = now + self._limit
+
+    def end(self, task: asyncio.Task[Any], exc: BaseException | None) -> None:
+        """Forget ``task``'s command; raise ``TimeoutError`` if we cancelled it."""
+        del self._inflight[task]
+        if self._overdue and task in self._overdue:
+            self._overdue.discard(task)
+            if isinstance(exc, asyncio.CancelledError) and task.uncancel() == 0:
+                raise TimeoutError(f"no reply within {self._limit} s") from None
+
+    async def sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = self._limit / 4
+        while True:
+            # Housekeeping on a fixed period (not a lock poll): cheaper than a timer per call.
+            await asyncio.sleep(period)
+            now = loop.time()
+            for task, deadline in list(self._inflight.items()):
+                if deadline <= now and task not in self._overdue:
+                    self._overdue.add(task)
+                    task.cancel()
+
+
 def _connection_settings(
     url: ParsedURL,
     options: Mapping[str, Any],
     connect_timeout: float,
-    socket_timeout: float,
 ) -> tuple[type[AbstractConnection], dict[str, Any]]:
     """redis-py connection class and keyword arguments for ``url`` (validated here)."""
     common: dict[str, Any] = {
         "username": url.username,
         "password": url.password,
-        "socket_timeout": socket_timeout,
+        # No socket_timeout inside redis-py: with one set, every send goes through
+        # asyncio.wait_for, which on Python 3.11 swallows a cancellation that arrives as the
+        # send completes -- a cancelled acquire would carry on and take the lock. Commands
+        # are bounded by _Deadlines instead (side connections by their own timers).
+        "socket_timeout": None,
         "socket_connect_timeout": connect_timeout,
         # Retries off: see the module docstring (a replayed acquire could block ourselves).
         "retry": Retry(NoBackoff(), 0),
@@ -339,16 +414,23 @@ class RedisBackend:
         self._connect_timeout = connect_timeout
         self._socket_timeout = socket_timeout
         self._max_connections = max_connections
-        self._conn_class, self._conn_kwargs = _connection_settings(
-            url, options, connect_timeout, socket_timeout
-        )
-        self._client: Redis | None = None
+        self._conn_class, self._conn_kwargs = _connection_settings(url, options, connect_timeout)
+        self._client: aioredis.Redis | None = None
+        self._slots = asyncio.Semaphore(max_connections)
+        self._deadlines = _Deadlines(socket_timeout)
         self._tg: asyncio.TaskGroup | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._clock: Callable[[], float] = time.monotonic  # the loop's clock once open
         self._hub: PubSubHub | None = None
         self._signals: BlockingSignals | None = None
         self._closed = False
         self._errors = {
-            action: _ErrorMap(action, self._where, url.password)
+            action: _ErrorMap(
+                action,
+                self._where,
+                url.password,
+                connect_timeout if action == "connect" else socket_timeout,
+            )
             for action in ("connect", "acquire", "release", "renew", "wakeup")
         }
 
@@ -362,13 +444,12 @@ class RedisBackend:
         """Connect and PING (bounded by ``connect_timeout``), load the scripts, start waking."""
         if self._client is not None or self._closed:
             raise RuntimeError("a RedisBackend is opened once")
-        pool = BlockingConnectionPool(
+        pool = aioredis.ConnectionPool(
             max_connections=self._max_connections,
-            timeout=None,  # queue for a connection; each command is bounded by socket_timeout
             connection_class=self._conn_class,
             **self._conn_kwargs,
         )
-        client = Redis.from_pool(pool)
+        client = aioredis.Redis.from_pool(pool)
         try:
             with self._errors["connect"]:
                 async with asyncio.timeout(self._connect_timeout):
@@ -381,8 +462,10 @@ class RedisBackend:
             await client.aclose()
             raise
         self._client = client
+        self._clock = asyncio.get_running_loop().time
         self._tg = tg = asyncio.TaskGroup()
         await tg.__aenter__()
+        self._sweeper = tg.create_task(self._deadlines.sweep())
         confirm = self._connect_timeout + self._socket_timeout
         if self._wakeup == "pubsub":
             self._hub = PubSubHub(
@@ -395,23 +478,37 @@ class RedisBackend:
         else:
             self._signals = BlockingSignals(
                 self._side_connection(f"{_CLIENT_NAME}:blpop"),
+                self,
                 connect_timeout=self._connect_timeout,
                 grace=self._socket_timeout,
                 spawn=self._spawn,
-                push_back=self._push_back,
                 where=self._where,
             )
 
     async def aclose(self) -> None:
-        """Close the pub/sub connection, its tasks, BLPOP connections and the pool."""
+        """Close the pub/sub connection, its tasks, BLPOP connections and the pool.
+
+        Idempotent. Waiters are woken and their next attempt fails with ``BackendError``;
+        commands already in flight finish (within ``socket_timeout``) before the pool closes,
+        so no connection is reopened behind our back.
+        """
         if self._closed:
             return
         self._closed = True
+        client, self._client = self._client, None
         if self._hub is not None:
             self._hub.close()
         idle: list[AbstractConnection] = []
         if self._signals is not None:
             idle = self._signals.close()
+        if client is not None:
+            # Holding every slot means no command is in flight (the sweeper still bounds them).
+            for _ in range(self._max_connections):
+                await self._slots.acquire()
+            for _ in range(self._max_connections):
+                self._slots.release()  # whoever still queues fails fast: _client is None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         tg, self._tg = self._tg, None
         if tg is not None:
             for conn in idle:
@@ -419,7 +516,6 @@ class RedisBackend:
             # Every task in it ends on cancellation and never raises, so this is safe from
             # any task (a failing child would cancel the task that entered the group).
             await tg.__aexit__(None, None, None)
-        client, self._client = self._client, None
         if client is not None:
             await client.aclose()
 
@@ -441,13 +537,21 @@ class RedisBackend:
             return None
         return tg.create_task(coro)
 
-    async def _push_back(self, key: bytes, cap: int) -> None:
-        client = self._client
-        if client is None:
-            return
+    # BLPOP mode: the commands BlockingSignals needs (see _redis_wakeup.SignalCommands).
+
+    async def _arm_waiter(self, registry: bytes, owner: str) -> None:
+        with self._errors["wakeup"]:
+            await self._eval(_WAIT_ARM, (registry,), owner, lua.WAITERS_TTL_MS)
+
+    async def _leave_waiter(self, registry: bytes, lists: tuple[bytes, ...], owner: str) -> None:
+        # Best effort: the registry's TTL bounds what a failed deregistration leaves.
+        with contextlib.suppress(BackendError, RedisError, OSError):
+            await self._eval(_WAIT_LEAVE, (registry, *lists), owner)
+
+    async def _push_back(self, key: bytes, registry: bytes, cap: int) -> None:
         # Best effort: the waiters' caps bound what a lost token costs.
-        with contextlib.suppress(RedisError, OSError):
-            await self._eval(client, _SIGNAL_PUSH, (key,), cap)
+        with contextlib.suppress(BackendError, RedisError, OSError):
+            await self._eval(_SIGNAL_PUSH, (key, registry), cap)
 
     # ---------------------------------------------------------------- protocol
 
@@ -475,124 +579,154 @@ class RedisBackend:
 
     async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
         """One attempt; ``Busy.retry_after`` is the blocking lease's remaining time + 1 ms."""
-        client = self._require()
         keys = _keys_for(spec.namespace, spec.name)
         ms = _lease_ms(ttl)
         kind = spec.kind
+        signals = self._signals  # BLPOP mode: pass the keys a granted waiter leaves
         with self._errors["acquire"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
                     reply = await self._eval(
-                        client, _FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode
+                        _FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode
                     )
                 else:
-                    reply = await self._eval(client, _MUTEX_ACQUIRE, keys.mutex_acquire, owner, ms)
+                    mutex_keys = keys.mutex_acquire if signals is None else keys.mutex_acquire_l
+                    reply = await self._eval(_MUTEX_ACQUIRE, mutex_keys, owner, ms)
             elif kind is Kind.READ:
                 chain = "0"
-                signals = self._signals
-                if signals is not None and owner in signals.woken_readers:
-                    # Woken by a token: if we get in, pass one on to the next reader.
-                    signals.woken_readers.discard(owner)
-                    chain = "1"
-                reply = await self._eval(client, _READ_ACQUIRE, keys.read_acquire, owner, ms, chain)
+                read_keys: tuple[bytes, ...] = keys.read_acquire
+                if signals is not None:
+                    read_keys = keys.read_acquire_l
+                    if owner in signals.woken_readers:
+                        # Woken by a token: if we get in, pass one on to the next reader.
+                        signals.woken_readers.discard(owner)
+                        chain = "1"
+                reply = await self._eval(_READ_ACQUIRE, read_keys, owner, ms, chain)
             elif kind is Kind.WRITE:
-                reply = await self._eval(client, _WRITE_ACQUIRE, keys.write_acquire, owner, ms)
+                write_keys = keys.write_acquire if signals is None else keys.write_acquire_l
+                reply = await self._eval(_WRITE_ACQUIRE, write_keys, owner, ms)
             else:
-                reply = await self._eval(
-                    client, _SEM_ACQUIRE, keys.sem_acquire, owner, ms, spec.limit
-                )
+                sem_keys = keys.sem_acquire if signals is None else keys.sem_acquire_l
+                reply = await self._eval(_SEM_ACQUIRE, sem_keys, owner, ms, spec.limit)
         if reply[0] == 1:
             return Grant(reply[1])
         return _busy(reply[1])
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release-if-owner (also: leave the fair queue); notifies waiters."""
-        client = self._require()
         keys = _keys_for(spec.namespace, spec.name)
         kind = spec.kind
         with self._errors["release"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
-                    done = await self._eval(
-                        client, _FAIR_RELEASE, keys.fair_release, owner, self._mode
-                    )
+                    done = await self._eval(_FAIR_RELEASE, keys.fair_release, owner, self._mode)
                 else:
-                    done = await self._eval(
-                        client, _MUTEX_RELEASE, keys.mutex_release, owner, self._mode
-                    )
+                    done = await self._eval(_MUTEX_RELEASE, keys.mutex_release, owner, self._mode)
             elif kind is Kind.READ:
-                done = await self._eval(
-                    client, _READ_RELEASE, (keys.readers, keys.rw_signal), owner, self._mode
-                )
+                done = await self._eval(_READ_RELEASE, keys.read_release, owner, self._mode)
             elif kind is Kind.WRITE:
-                done = await self._eval(
-                    client, _WRITE_RELEASE, keys.write_release, owner, self._mode
-                )
+                done = await self._eval(_WRITE_RELEASE, keys.write_release, owner, self._mode)
             else:
                 done = await self._eval(
-                    client, _SEM_RELEASE, keys.sem_release, owner, self._mode, spec.limit
+                    _SEM_RELEASE, keys.sem_release, owner, self._mode, spec.limit
                 )
         return bool(done == 1)
 
     async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
         """Compare-and-extend to ``ttl`` from now; ``False`` (nothing recreated) if not held."""
-        client = self._require()
         keys = _keys_for(spec.namespace, spec.name)
         ms = _lease_ms(ttl)
         kind = spec.kind
         with self._errors["renew"]:
             if kind is Kind.MUTEX:
-                done = await self._eval(client, _MUTEX_RENEW, (keys.mutex,), owner, ms)
+                done = await self._eval(_MUTEX_RENEW, (keys.mutex,), owner, ms)
             elif kind is Kind.WRITE:
-                done = await self._eval(client, _MUTEX_RENEW, (keys.writer,), owner, ms)
+                done = await self._eval(_MUTEX_RENEW, (keys.writer,), owner, ms)
             elif kind is Kind.READ:
-                done = await self._eval(client, _ZSET_RENEW, (keys.readers,), owner, ms)
+                done = await self._eval(_ZSET_RENEW, (keys.readers,), owner, ms)
             else:
-                done = await self._eval(client, _ZSET_RENEW, (keys.sem,), owner, ms)
+                done = await self._eval(_ZSET_RENEW, (keys.sem,), owner, ms)
         return bool(done == 1)
+
+    def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
+        """``None``: a Redis lease ends by expiry or deletion, which only ``renew`` can see."""
+        return None
 
     def waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter:
         """Arm a wakeup for one waiting acquisition (see :mod:`._redis_wakeup`)."""
         self._require()
         keys = _keys_for(spec.namespace, spec.name)
         kind = spec.kind
+        hub = self._hub
+        if hub is not None:
+            if kind is Kind.MUTEX:
+                return hub.waiter(keys.signal, owner)
+            if kind is Kind.SEMAPHORE:
+                return hub.waiter(keys.sem_signal, owner)
+            return hub.waiter(keys.rw_signal, owner)
+        signals = self._signals
+        assert signals is not None
         if kind is Kind.MUTEX:
-            channel = keys.signal
-        elif kind is Kind.SEMAPHORE:
-            channel = keys.sem_signal
-        else:
-            channel = keys.rw_signal
-        if self._hub is not None:
-            return self._hub.waiter(channel, owner)
-        assert self._signals is not None
-        if spec.fair:
-            key = keys.signal + b":" + owner.encode("utf-8", "surrogatepass")
-            return self._signals.waiter(key, cap=0)
+            if spec.fair:
+                own = keys.signal + b":" + owner.encode("utf-8", "surrogatepass")
+                return signals.waiter(own, owner, registry=None)
+            return signals.waiter(
+                keys.signal, owner, registry=keys.mutex_waiters, lists=(keys.signal,)
+            )
+        if kind is Kind.SEMAPHORE:
+            return signals.waiter(
+                keys.sem_signal,
+                owner,
+                registry=keys.sem_waiters,
+                lists=(keys.sem_signal,),
+                cap=spec.limit,
+            )
+        rw_lists = (keys.rw_signal, keys.rsignal)
         if kind is Kind.READ:
-            return self._signals.waiter(keys.rsignal, cap=1, reader=owner)
-        return self._signals.waiter(channel, cap=spec.limit if kind is Kind.SEMAPHORE else 1)
+            return signals.waiter(
+                keys.rsignal, owner, registry=keys.rw_waiters, lists=rw_lists, reader=True
+            )
+        return signals.waiter(keys.rw_signal, owner, registry=keys.rw_waiters, lists=rw_lists)
 
     # ---------------------------------------------------------------- internals
 
-    def _require(self) -> Redis:
+    def _require(self) -> aioredis.Redis:
         client = self._client
         if client is None:
             state = "closed" if self._closed else "not open yet"
             raise BackendError(f"the redis backend for {self._where} is {state}")
         return client
 
-    @staticmethod
-    async def _eval(client: Redis, script: _Script, keys: tuple[bytes, ...], *args: Any) -> Any:
-        try:
-            return await client.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", script.sha, len(keys), *keys, *args
-            )
-        except NoScriptError:
-            # The server lost its script cache (restart, failover, SCRIPT FLUSH): nothing ran.
-            await client.script_load(script.text)
-            return await client.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", script.sha, len(keys), *keys, *args
-            )
+    async def _eval(self, script: _Script, keys: tuple[bytes, ...], *args: Any) -> Any:
+        if self._client is None:
+            self._require()
+        # At most max_connections commands in flight; the rest queue here, not in the pool
+        # (whose own blocking mode costs every command a Condition round).
+        async with self._slots:
+            # Again once we have a slot: aclose() may have closed the pool meanwhile.
+            client = self._client or self._require()
+            task = asyncio.current_task()
+            assert task is not None
+            deadlines = self._deadlines
+            deadlines.start(task, self._clock())
+            error: BaseException | None = None
+            try:
+                try:
+                    return await client.execute_command(  # type: ignore[no-untyped-call]
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+                except NoScriptError:
+                    # The server lost its script cache (restart, failover, SCRIPT FLUSH):
+                    # nothing ran, so running it again is safe.
+                    await client.script_load(script.text)
+                    return await client.execute_command(  # type: ignore[no-untyped-call]
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                deadlines.end(task, error)
 
 
 def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
