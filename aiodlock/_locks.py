@@ -157,6 +157,7 @@ class _LockBase:
         if isinstance(attempt, Grant):
             return self._grant(owner, attempt, sent)
         self._waiting += 1
+        granted: Grant | None = None
         try:
             async with self._backend.waiter(self._spec, owner) as waiter:
                 while True:
@@ -164,7 +165,8 @@ class _LockBase:
                     # the subscription was live would otherwise be missed.
                     attempt, sent = await self._attempt(owner)
                     if isinstance(attempt, Grant):
-                        return self._grant(owner, attempt, sent)
+                        granted = attempt
+                        break
                     wait_for = attempt.retry_after
                     if deadline is not None:
                         remaining = deadline - loop.time()
@@ -176,12 +178,15 @@ class _LockBase:
                         wait_for = remaining if wait_for is None else min(wait_for, remaining)
                     await waiter.wait(wait_for)
         except BaseException:
-            if self._spec.fair:
-                # Leave the fair queue so the waiters behind us are not held up.
+            if granted is not None or self._spec.fair:
+                # Granted, then cancelled while leaving the waiter: give the lock back. Or
+                # leave the fair queue so the waiters behind us are not held up.
                 self._client._spawn_release(self._spec, owner)
             raise
         finally:
             self._waiting -= 1
+        assert granted is not None  # the loop ends only by a grant or an exception
+        return self._grant(owner, granted, sent)
 
     async def _attempt(self, owner: str) -> tuple[Grant | Busy, float]:
         """One try, compensated if its outcome is unknown.

@@ -9,8 +9,9 @@ The contract, per method:
     One atomic attempt, never waits. Returns :class:`Grant` (with a fencing token strictly
     greater than every token handed out before for this lock) or :class:`Busy` (with how long,
     at most, until it is worth asking again — the blocking holder's remaining lease, or the
-    heartbeat interval a fair-queue waiter must keep). ``owner`` is a fresh random string per
-    acquisition; a fair backend may enqueue ``owner`` on a ``Busy`` answer.
+    heartbeat interval a fair-queue waiter must keep). ``owner`` is a fresh random lowercase
+    hex string per acquisition (safe in keys, paths and messages); a fair backend may enqueue
+    ``owner`` on a ``Busy`` answer.
 
 ``release(spec, owner)``
     Release-if-owner. Idempotent: ``True`` if ``owner`` held it and no longer does, ``False``
