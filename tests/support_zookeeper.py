@@ -2,17 +2,347 @@
 
 TARGETS maps backend names to target factories and SCHEMES backend names to URL schemes;
 tests/conftest.py merges both into the matrix.
+
+Servers are Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose manifest carries
+its class path) run as ``java ... QuorumPeerMain zoo.cfg`` directly — more controllable than
+``zkServer.sh``: one process per server in its own directory, on free loopback ports, with a
+200 ms tick (sessions of 0.4 s and up), no fsync, a 0.5 s container reaper and 256 MB of heap
+at most. :class:`ZooKeeperEnsemble` runs three of them as a quorum and finds the leader
+through the ``srvr`` four-letter word.
+
+The conformance target connects to ``zookeeper://127.0.0.1:PORT/conformance?session_timeout=3``:
+a chroot, and a session short enough that a SIGSTOPped holder process is replaced within the
+suite's 5 s acquire timeout (its session expires after 3 s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
+from aiozk import ZKClient, exc as zk_exc
+
+import aiodlock
+from aiodlock.backends.zookeeper import encode_segment, namespace_path
+from tests.servers import INSTALL_HINT, ServerProcess, free_port
 
 if TYPE_CHECKING:
     from tests.conftest import Target
 
-TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {}
-SCHEMES: dict[str, str] = {}
+__all__ = [
+    "SCHEMES",
+    "TARGETS",
+    "ZooKeeperEnsemble",
+    "ZooKeeperProbe",
+    "ZooKeeperServer",
+    "four_letter_word",
+]
+
+ZOOKEEPER_JAR: Final = Path("/usr/share/java/zookeeper.jar")
+SLF4J_SIMPLE_JAR: Final = Path("/usr/share/java/slf4j-simple.jar")
+CONFORMANCE_ROOT: Final = "/conformance"
+CONFORMANCE_SESSION_TIMEOUT: Final = 3.0
+TICK_MS: Final = 200
+
+
+def four_letter_word(host: str, port: int, word: str, *, timeout: float = 0.5) -> str | None:
+    """Send a ZooKeeper four-letter word; the whole answer, or None if none came."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(word.encode())
+            chunks = []
+            while True:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError:  # refused, reset, or timed out (a paused server)
+        return None
+    return b"".join(chunks).decode(errors="replace")
+
+
+class ZooKeeperServer(ServerProcess):
+    """One ZooKeeper server, standalone or a member of a :class:`ZooKeeperEnsemble`.
+
+    ``peers`` (``[(server_id, peer_port, election_port), ...]``) and ``server_id`` make it an
+    ensemble member; without them it runs standalone. A standalone server is up when it
+    serves clients (``srvr`` shows its mode); a member when it answers ``ruok`` (it serves
+    only once a quorum has elected a leader: :meth:`ZooKeeperEnsemble.wait_serving`).
+    """
+
+    binary = "java"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        peers: Sequence[tuple[int, int, int]] = (),
+        server_id: int = 0,
+        tick_ms: int = TICK_MS,
+        start_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(port=port, start_timeout=start_timeout, stop_timeout=stop_timeout)
+        self.peers = list(peers)
+        self.server_id = server_id
+        self.tick_ms = tick_ms
+
+    @property
+    def url(self) -> str:
+        """``zookeeper://127.0.0.1:<port>``."""
+        return f"zookeeper://{self.host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.directory / "zoo.cfg"
+
+    def prepare(self) -> None:
+        for jar in (ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR):
+            if not jar.exists():
+                raise RuntimeError(f"{jar} is missing (Debian's zookeeper package); {INSTALL_HINT}")
+        data = self.directory / "data"
+        data.mkdir()
+        lines = [
+            f"tickTime={self.tick_ms}",
+            "initLimit=20",
+            "syncLimit=10",
+            f"dataDir={data}",
+            f"clientPort={self.port}",
+            f"clientPortAddress={self.host}",
+            f"minSessionTimeout={2 * self.tick_ms}",
+            "maxSessionTimeout=60000",
+            "maxClientCnxns=0",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=*",
+            "forceSync=no",
+            "preAllocSize=4096",
+        ]
+        if self.peers:
+            (data / "myid").write_text(f"{self.server_id}\n")
+            lines += [f"server.{i}={self.host}:{p}:{e}" for i, p, e in self.peers]
+        self.config_file.write_text("\n".join(lines) + "\n")
+
+    def command(self) -> list[str]:
+        return [
+            self.executable,
+            "-Xmx256m", "-Xms32m", "-Xss512k",
+            "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Dznode.container.checkIntervalMs=500",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp", f"{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}",
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(self.config_file),
+        ]  # fmt: skip
+
+    def probe(self) -> bool:
+        if self.peers:  # a member answers ruok at once, but serves only with a quorum
+            return four_letter_word(self.host, self.port, "ruok") == "imok"
+        return self.serving()  # ruok says imok before a standalone server serves
+
+    def mode(self) -> str | None:
+        """``standalone``, ``leader`` or ``follower`` while serving clients, else None."""
+        answer = four_letter_word(self.host, self.port, "srvr")
+        if answer is None:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode: "):
+                return line.removeprefix("Mode: ").strip()
+        return None
+
+    def serving(self) -> bool:
+        return self.mode() is not None
+
+
+class ZooKeeperEnsemble:
+    """Three ZooKeeper servers in one quorum, on free loopback ports."""
+
+    def __init__(self, size: int = 3) -> None:
+        peers = [(i, free_port(), free_port()) for i in range(1, size + 1)]
+        self.members = [ZooKeeperServer(peers=peers, server_id=i) for i, _, _ in peers]
+
+    @property
+    def url(self) -> str:
+        """``zookeeper://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3``."""
+        return "zookeeper://" + ",".join(f"{m.host}:{m.port}" for m in self.members)
+
+    def start(self) -> ZooKeeperEnsemble:
+        for member in self.members:
+            member.start()  # up (ruok) at once; serving needs the quorum
+        self.wait_serving()
+        return self
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Block until every running member serves clients (a leader was elected)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [m for m in self.members if m.running]
+            if all(m.serving() for m in running):
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(m.log_tail(15) for m in running)
+                raise RuntimeError(f"ensemble did not elect a leader in {timeout:g}s:\n{logs}")
+            time.sleep(0.05)
+
+    def leader(self) -> ZooKeeperServer:
+        for member in self.members:
+            if member.running and member.mode() == "leader":
+                return member
+        raise RuntimeError("the ensemble has no leader now")
+
+    def restart_stopped(self) -> None:
+        """Start again every member that was killed or stopped, and wait for the quorum."""
+        for member in self.members:
+            if not member.running:
+                member.start()
+        self.wait_serving()
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One standalone ZooKeeper for the session (tests use unique namespaces)."""
+    with ZooKeeperServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A three-server quorum, started only for the tests that ask for it."""
+    with ZooKeeperEnsemble() as ensemble:
+        yield ensemble
+
+
+# ---------------------------------------------------------------------- the probe
+
+
+class ZooKeeperProbe:
+    """Looks at the tree with its own plain aiozk client (never through aiodlock)."""
+
+    def __init__(self, hosts: str, root: str) -> None:
+        self.hosts = hosts
+        self.root = root
+        self.client = ZKClient(hosts, session_timeout=10)
+        self._started = False
+
+    async def start(self) -> ZooKeeperProbe:
+        async with asyncio.timeout(10):
+            await self.client.start()
+        self._started = True
+        return self
+
+    async def stat(self, path: str) -> Any | None:
+        try:
+            _, stat = await self.client.get(path)
+        except zk_exc.NoNode:
+            return None
+        return stat
+
+    async def children(self, path: str) -> list[str]:
+        try:
+            return [str(c) for c in await self.client.get_children(path)]
+        except zk_exc.NoNode:
+            return []
+
+    async def walk(self, path: str) -> list[tuple[str, Any]]:
+        """Every node at and under ``path`` with its stat (depth first)."""
+        stat = await self.stat(path)
+        if stat is None:
+            return []
+        found = [(path, stat)]
+        for child in sorted(await self.children(path)):
+            found += await self.walk(f"{path.rstrip('/')}/{child}")
+        return found
+
+    async def lock_nodes(self, namespace: str, name: str) -> list[str]:
+        """Paths of every contender node of ``name`` (all families)."""
+        base = f"{namespace_path(self.root, namespace)}/{encode_segment(name)}"
+        return [
+            f"{base}/{family}/{node}"
+            for family in await self.children(base)
+            for node in await self.children(f"{base}/{family}")
+        ]
+
+    async def contenders_under(self, base: str) -> list[str]:
+        """Paths of every contender node of every lock under a namespace directory."""
+        return [
+            f"{base}/{name}/{family}/{node}"
+            for name in await self.children(base)
+            for family in await self.children(f"{base}/{name}")
+            for node in await self.children(f"{base}/{name}/{family}")
+        ]
+
+    async def break_lock(self, client: aiodlock.LockClient, namespace: str, name: str) -> None:
+        nodes = await self.lock_nodes(namespace, name)
+        assert nodes, "nothing to break"
+        for path in nodes:
+            with contextlib.suppress(zk_exc.NoNode):
+                await self.client.delete(path, force=True)
+
+    async def leftovers(self, namespace: str) -> list[str]:
+        """Every node under the namespace but the (empty) directory levels.
+
+        ``<namespace>/<name>/<family>`` are CONTAINER nodes, reaped by the server once empty
+        (test_zookeeper.py checks that). A ZooKeeper stat does not tell a container from a
+        persistent node (it shows ephemeralOwner 0 for both), so what counts as left over is
+        anything ephemeral and anything below a family directory: a contender node.
+        """
+        return await self.leftovers_under(namespace_path(self.root, namespace))
+
+    async def leftovers_under(self, base: str) -> list[str]:
+        """:meth:`leftovers` for a namespace directory given by its path."""
+        return [
+            f"{path} (ephemeralOwner={stat.ephemeral_owner:#x})"
+            for path, stat in await self.walk(base)
+            if stat.ephemeral_owner != 0 or path.removeprefix(base).count("/") > 2
+        ]
+
+    async def aclose(self) -> None:
+        if self._started:
+            self._started = False
+            async with asyncio.timeout(10):
+                await self.client.close()
+
+
+def _hosts_of(url: str) -> str:
+    return url.removeprefix("zookeeper://").split("/", 1)[0]
+
+
+async def _zookeeper_target(request: pytest.FixtureRequest, namespace: str) -> Target:
+    from tests.conftest import Target
+
+    server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+    url = f"{server.url}{CONFORMANCE_ROOT}?session_timeout={CONFORMANCE_SESSION_TIMEOUT:g}"
+    probe = await ZooKeeperProbe(_hosts_of(server.url), CONFORMANCE_ROOT).start()
+    return Target("zookeeper", url, namespace, {}, probe)
+
+
+TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
+    "zookeeper": _zookeeper_target,
+}
+SCHEMES: dict[str, str] = {"zookeeper": "zookeeper"}
+
