@@ -1,0 +1,1050 @@
+"""The ZooKeeper backend: ``zookeeper://host1:2181,host2:2181/chroot``.
+
+A Curator-style lock recipe on aiozk's low-level session (hardened in :mod:`._zk_session`;
+aiozk's own Lock/SharedLock recipes are not used — see the research notes for their bugs).
+
+**Node layout.** Every lock name is a directory of *contenders*, one per lock family::
+
+    <chroot>/<namespace>/<name>/mutex/_c_<uuid>-lock-0000000007
+    <chroot>/<namespace>/<name>/rw/_c_<uuid>-read-0000000003      (read lock)
+    <chroot>/<namespace>/<name>/rw/_c_<uuid>-writ-0000000004      (write lock)
+    <chroot>/<namespace>/<name>/semaphore/_c_<uuid>-sema-0000000001
+
+Namespace and name are percent-encoded UTF-8 (only ``A-Z a-z 0-9 - _`` stay as they are; a
+segment equal to ``zookeeper`` has its ``z`` encoded), so any name — ``/``, ``..``, ``{``,
+unicode, 1024 bytes — is one valid znode name that never leaves its namespace, and distinct
+names never share a directory. The directories are CONTAINER nodes (ZooKeeper ≥ 3.5.3): the
+server deletes them once their last child is gone, so empty lock parents do not accumulate.
+The contenders are EPHEMERAL_SEQUENTIAL nodes; the ``_c_<uuid>-`` prefix is Curator's
+protected mode (see *Creating*). The three families of one name are independent locks.
+
+**Granting** (one ``getChildren`` after our node exists; contenders ordered by sequence):
+
+* mutex and write lock: ours is the first node; a waiter watches its immediate predecessor;
+* read lock: no write node before ours (kazoo/Curator semantics: later writers do not count);
+  a waiter watches the closest write node before it;
+* semaphore of N: ours is among the first N; the first waiter (index N) watches the children
+  of the directory, every later waiter its immediate predecessor, and a permit granted while
+  a successor waits touches its own node (``setData``) so that successor moves up to become
+  the first waiter. A release therefore wakes exactly the waiters it can unblock: no herd.
+
+The queue is FIFO by construction, so FAIR is declared and ``fair=True`` changes nothing.
+Watches use ``getData`` (no watch is left behind when the node is already gone, unlike
+``exists``); a watch that finds its node gone wakes the waiter at once. Wakeups are banked
+(level-triggered), and every waiter is woken to re-check after each reconnect and session
+change, because server-side watches do not survive a connection.
+
+**Fencing token** = the czxid of our contender node: a global, strictly increasing zxid, so
+it keeps increasing when a container parent is reaped and the sequence numbers restart. An
+exclusive grant (mutex, write lock, semaphore of 1) always has a larger token than every
+earlier grant of that family; a shared grant's token (read lock, semaphore permit) is larger
+than every earlier exclusive grant's, but permits that became grantable together may be
+taken in either order.
+
+**Creating** a contender is never resent behind our back. If the reply is lost (connection
+dropped, timeout, cancellation), the node may or may not exist: the next step lists the
+directory, finds nodes carrying our uuid, keeps the one whose ``ephemeralOwner`` is our
+session and deletes any other (a duplicate, or a leftover of an older session); ``release``
+does the same sweep. So no acquisition ever leaves an orphan that would block the queue.
+
+**Lease and session.** A grant lives as long as the session *and* the lease's renewals:
+
+* ``renew`` is one ``getData`` on our node (also arming a watch on it): ``False`` if the node
+  is gone or belongs to another session. A renewal missing for ``ttl`` (a hung keeper in a
+  live process) deletes the node, as a TTL backend would expire the key.
+* The session supervisor tracks the send time of the newest answered request
+  (``contact``; the backend pings every ``grace / 3``). The server cannot expire the session
+  before ``contact + session timeout``. When ``contact + suspended_grace`` passes without an
+  answer — connection suspended, server paused, network cut — every held lease is declared
+  lost, *before* the server can expire the session and hand the lock to someone else. A
+  server "session expired" answer (LOST) loses them at once. Declared-lost nodes are deleted
+  when the connection comes back in the same session.
+* The loss is pushed: :meth:`ZooKeeperBackend.loss_signal` is an :class:`asyncio.Event` per
+  lease, set at that moment (also when a watch reports our node deleted), which the watchdog
+  waits on, so the guarded body is cancelled with :class:`~aiodlock.LockLostError` at once,
+  not at the next renewal; ``renew`` says ``False`` from then on too.
+
+Waiters survive reconnects (their nodes live as long as the session) and re-queue with a new
+node after a session loss. ``aclose`` closes the session, which deletes every node of ours.
+
+**Failures.** Unreachable ensemble: :class:`~aiodlock.BackendError` within
+``connect_timeout``. Every aiozk exception is translated to ``BackendError`` (chained).
+
+Options (URL query or keyword): ``session_timeout`` (requested, default 10 s; the server
+grants a value within its ``minSessionTimeout``/``maxSessionTimeout``), ``connect_timeout``
+(default 5 s), ``suspended_grace`` (default half the granted session timeout, at most 0.9 of
+it) and ``request_timeout`` (how long one request may wait for a connection and its reply,
+default 10 s).
+
+Example::
+
+    async with aiodlock.connect("zookeeper://zk1:2181,zk2:2181,zk3:2181/apps") as locks:
+        async with locks.lock("order:42", ttl=10) as lease:
+            print(lease.fencing_token)   # the lock node's czxid
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from .._exceptions import BackendError
+from .._url import ParsedURL, check_seconds
+from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._zk_session import (
+    CONNECTED,
+    EVENT_DELETED,
+    LOST,
+    SUSPENDED,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotConnected,
+    ZKTransport,
+)
+
+__all__ = ["ZooKeeperBackend", "encode_segment", "lock_directory", "namespace_path"]
+
+logger = logging.getLogger("aiodlock.zookeeper")
+
+_DEFAULT_PORT: Final = 2181
+_DEFAULT_SESSION_TIMEOUT: Final = 10.0
+_DEFAULT_CONNECT_TIMEOUT: Final = 5.0
+_DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+_GRACE_FRACTION: Final = 0.5
+_MAX_GRACE_FRACTION: Final = 0.9
+_MIN_PING_TIMEOUT: Final = 0.05
+_ENQUEUE_ATTEMPTS: Final = 6
+_MIN_SERVER_VERSION: Final = (3, 5, 3)
+
+_FAMILY: Final = {
+    Kind.MUTEX: "mutex",
+    Kind.READ: "rw",
+    Kind.WRITE: "rw",
+    Kind.SEMAPHORE: "semaphore",
+}
+_TAG: Final = {Kind.MUTEX: "lock", Kind.READ: "read", Kind.WRITE: "writ", Kind.SEMAPHORE: "sema"}
+_CONTENDER: Final = re.compile(r"^_c_[0-9a-f]{32}-(lock|read|writ|sema)-(\d{10})$")
+_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_ANY_SESSION: Final = -1  # a create was sent while the session was changing: sweep any
+
+
+# ---------------------------------------------------------------------- layout
+
+
+@functools.lru_cache(maxsize=4096)
+def encode_segment(text: str) -> str:
+    """One znode name for any string: percent-encoded UTF-8, injective, never ``.``/``..``."""
+    raw = text.encode("utf-8", "surrogatepass")
+    encoded = "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
+    if encoded == "zookeeper":  # reserved at the root; "%7A" never appears otherwise
+        encoded = "%7Aookeeper"
+    return encoded
+
+
+def namespace_path(root: str, namespace: str) -> str:
+    """The directory of every lock of ``namespace`` (``root`` is the chroot, or ``""``)."""
+    return f"{root}/{encode_segment(namespace)}"
+
+
+def lock_directory(root: str, namespace: str, name: str, kind: Kind) -> str:
+    """The directory holding the contenders of one lock family of ``name``."""
+    return f"{namespace_path(root, namespace)}/{encode_segment(name)}/{_FAMILY[kind]}"
+
+
+def _chroot(path: str) -> str:
+    parts = [part for part in path.split("/") if part]
+    for part in parts:
+        if part in (".", "..") or "\x00" in part:
+            raise ValueError(f"url has an invalid zookeeper chroot {path!r}")
+    if parts and parts[0] == "zookeeper":
+        raise ValueError("url chroot must not be under /zookeeper (reserved by ZooKeeper)")
+    return "".join(f"/{part}" for part in parts)
+
+
+def _seq(name: str) -> int:
+    return int(name[-10:])
+
+
+# ---------------------------------------------------------------------- state
+
+
+class _ZKWaiter:
+    """A waiting acquisition's wakeup: banked, armed on at most one watch at a time."""
+
+    __slots__ = ("_event", "armed")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.armed: str | None = None  # path of the watch we are registered on
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> None:
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
+            except TimeoutError:
+                return
+        self._event.clear()
+
+
+class _Entry:
+    """One acquisition (owner) of one lock family: its contender node and lease state."""
+
+    __slots__ = (
+        "abandoning",
+        "czxid",
+        "directory",
+        "gone",
+        "held",
+        "kind",
+        "limit",
+        "lock",
+        "lost",
+        "lost_event",
+        "name",
+        "owner",
+        "prefix",
+        "protect",
+        "reaper",
+        "session_id",
+        "stray_session",
+        "target",
+        "target_children",
+        "uncertain",
+        "watching",
+    )
+
+    def __init__(self, directory: str, owner: str, spec: LockSpec) -> None:
+        self.directory = directory
+        self.owner = owner
+        self.kind = spec.kind
+        self.limit = spec.limit
+        self.protect = f"_c_{uuid.uuid4().hex}-"
+        self.prefix = f"{self.protect}{_TAG[spec.kind]}-"
+        self.name: str | None = None  # our node's name, once known
+        self.czxid = 0
+        self.session_id: int | None = None  # the session that owns our node
+        self.uncertain = False  # a create's outcome is unknown: adopt, do not create again
+        self.stray_session: int | None = None  # session a node of ours may linger in
+        self.held = False
+        self.lost: str | None = None
+        self.lost_event = asyncio.Event()
+        self.lock = asyncio.Lock()
+        self.reaper: asyncio.TimerHandle | None = None
+        self.target: str | None = None  # what a waiter of ours must watch
+        self.target_children = False
+        self.watching = False  # a data watch on our own (held) node is registered
+        self.gone = False  # released or abandoned: no longer in the table
+        self.abandoning: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.directory, self.owner)
+
+    @property
+    def path(self) -> str:
+        assert self.name is not None
+        return f"{self.directory}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    granted: bool
+    target: str | None = None  # path to watch (a node, or the directory for children)
+    children: bool = False
+    successor: bool = False  # some contender queues right behind us
+
+
+def _evaluate(entry: _Entry, names: list[str]) -> _Verdict:
+    """Is ``entry`` granted given the directory's children, and if not, what to watch."""
+    contenders = sorted(
+        ((int(m.group(2)), m.group(1), name) for name in names if (m := _CONTENDER.match(name))),
+    )
+    index = next(i for i, (_, _, name) in enumerate(contenders) if name == entry.name)
+    successor = index + 1 < len(contenders)
+    directory = entry.directory
+    if entry.kind is Kind.READ:
+        writers = [name for _, tag, name in contenders[:index] if tag == "writ"]
+        if not writers:
+            return _Verdict(True, successor=successor)
+        return _Verdict(False, f"{directory}/{writers[-1]}")
+    if entry.kind is Kind.SEMAPHORE:
+        if index < entry.limit:
+            return _Verdict(True, successor=successor)
+        if index == entry.limit:
+            return _Verdict(False, directory, children=True)
+        return _Verdict(False, f"{directory}/{contenders[index - 1][2]}")
+    if index == 0:
+        return _Verdict(True, successor=successor)
+    return _Verdict(False, f"{directory}/{contenders[index - 1][2]}")
+
+
+def _seconds(options: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    value = options.get(key)
+    if value is None:
+        return default
+    return check_seconds(value, argument=key)
+
+
+# ---------------------------------------------------------------------- the backend
+
+
+class ZooKeeperBackend:
+    """Locks on a ZooKeeper ensemble (see the module docstring for the recipe and options).
+
+    Example::
+
+        async with aiodlock.connect("zookeeper://127.0.0.1:2181/apps?session_timeout=6") as locks:
+            async with locks.read_lock("catalog"):
+                ...
+    """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.EXCLUSIVE,
+            Capability.SHARED,
+            Capability.COUNTING,
+            Capability.FAIR,
+            Capability.FENCING,
+            Capability.SESSION_LEASE,
+            Capability.SERVER_WAKEUP,
+        }
+    )
+    options: ClassVar[Mapping[str, type]] = {
+        "session_timeout": float,
+        "connect_timeout": float,
+        "suspended_grace": float,
+        "request_timeout": float,
+    }
+
+    def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        if url.username or url.password:
+            raise ValueError(
+                f"{url.redacted()}: zookeeper:// URLs take no credentials "
+                "(ZooKeeper authentication is not supported yet)"
+            )
+        if not url.hosts:
+            raise ValueError("zookeeper:// url needs a host: zookeeper://h1:2181,h2:2181/chroot")
+        self._url = url
+        self._hosts = [(host or "localhost", port or _DEFAULT_PORT) for host, port in url.hosts]
+        self._root = _chroot(url.path)
+        session_timeout = _seconds(options, "session_timeout", _DEFAULT_SESSION_TIMEOUT)
+        connect_timeout = _seconds(options, "connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
+        request_timeout = _seconds(options, "request_timeout", _DEFAULT_REQUEST_TIMEOUT)
+        assert session_timeout is not None
+        assert connect_timeout is not None
+        assert request_timeout is not None
+        self._session_timeout = session_timeout
+        self._connect_timeout = connect_timeout
+        self._request_timeout = request_timeout
+        self._grace_option = _seconds(options, "suspended_grace", None)
+        self._grace = session_timeout * _GRACE_FRACTION
+        self._node_data = f"aiodlock {socket.gethostname()} pid={os.getpid()}".encode()
+
+        self._state = "new"
+        self._transport: ZKTransport | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # ours (supervisor, cleanups)
+        self._io_tasks: set[asyncio.Task[None]] = set()  # the transport's (repair, read loops)
+        self._session_id: int | None = None
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._waiters: dict[tuple[str, str], _ZKWaiter] = {}
+        self._watches: dict[str, set[_ZKWaiter | _Entry]] = {}
+        self._doomed: dict[tuple[str, str], _Entry] = {}
+        self._cleanups: dict[str, set[asyncio.Task[None]]] = {}
+        self._janitor: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._waiting = 0
+        self._sessions = 0
+        self._reconnects = 0
+        self._losses = 0
+        self._adopted = 0
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def open(self) -> None:
+        """Connect and start a session; BackendError if no server answers in time."""
+        if self._state != "new":
+            raise RuntimeError(f"{self.describe()} backend was already opened")
+        self._state = "opening"
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        self._group = group
+        transport = ZKTransport(
+            self._hosts,
+            session_timeout=self._session_timeout,
+            io_timeout=self._connect_timeout,
+            spawn=self._spawn_io,
+            on_state=self._on_state,
+            on_event=self._on_event,
+        )
+        self._transport = transport
+        try:
+            await transport.start(self._connect_timeout)
+            version = transport.server_version
+            if version is not None and version < _MIN_SERVER_VERSION:
+                raise BackendError(
+                    f"{self.describe()} runs ZooKeeper {'.'.join(map(str, version))}; "
+                    "aiodlock needs 3.5.3 or later (container nodes)"
+                )
+        except BaseException as exc:
+            self._state = "closed"
+            with contextlib.suppress(Exception):
+                await transport.close()
+            await self._stop_tasks()
+            if isinstance(exc, TimeoutError):
+                raise BackendError(
+                    f"could not connect to {self.describe()} "
+                    f"within {self._connect_timeout:g} s (connect_timeout)"
+                ) from exc
+            raise
+        self._new_session(transport.session_id)
+        self._state = "open"
+        self._spawn(self._pinger(), "aiodlock-zk-pinger")
+        self._spawn(self._grace_watch(), "aiodlock-zk-grace")
+
+    async def aclose(self) -> None:
+        """Close the session (the server deletes all our nodes) and stop every task."""
+        if self._state in ("closing", "closed"):
+            return
+        if self._state == "new":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        for entry in self._entries.values():
+            if entry.reaper is not None:
+                entry.reaper.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        transport = self._transport
+        try:
+            if transport is not None:
+                await transport.close()
+        finally:
+            await self._stop_tasks()
+            for waiter in self._waiters.values():
+                waiter.wake()
+            self._watches.clear()
+            self._doomed.clear()
+            self._state = "closed"
+
+    async def _stop_tasks(self) -> None:
+        for task in [*self._tasks, *self._io_tasks]:
+            task.cancel()
+        group, self._group = self._group, None
+        if group is not None:
+            await group.__aexit__(None, None, None)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return self._spawn_into(self._tasks, coro, name)
+
+    def _spawn_io(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return self._spawn_into(self._io_tasks, coro, name)
+
+    def _spawn_into(
+        self, tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None], name: str
+    ) -> asyncio.Task[None]:
+        group = self._group
+        if group is None:
+            coro.close()
+            raise BackendError(f"{self.describe()} backend is closed")
+        task = group.create_task(_never_fail(coro, name), name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        # Cancelled before it ever ran, the wrapper never awaited ``coro``: close it (a no-op
+        # once it has finished), or Python warns that it was never awaited.
+        task.add_done_callback(lambda _: coro.close())
+        return task
+
+    def _require_open(self) -> ZKTransport:
+        if self._state != "open" or self._transport is None:
+            raise BackendError(f"{self.describe()} backend is not open")
+        return self._transport
+
+    # ------------------------------------------------------------------ description
+
+    def check(self, spec: LockSpec) -> None:
+        """Every kind is supported (the FIFO queue makes ``fair=True`` a no-op)."""
+
+    def describe(self) -> str:
+        """The URL without credentials."""
+        return self._url.redacted()
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Session, connection and recipe counters."""
+        transport = self._transport
+        sid = transport.session_id if transport is not None else None
+        return {
+            "state": transport.state if transport is not None else self._state,
+            "server": transport.server if transport is not None else None,
+            "session_id": None if sid is None else f"{sid:#x}",
+            "session_timeout": transport.negotiated_timeout if transport is not None else None,
+            "suspended_grace": self._grace,
+            "entries": len(self._entries),
+            "held": sum(1 for e in self._entries.values() if e.held and e.lost is None),
+            "waiters": self._waiting,
+            "watches": sum(len(w) for w in self._watches.values()),
+            "doomed": len(self._doomed),
+            "sessions": self._sessions,
+            "reconnects": self._reconnects,
+            "losses": self._losses,
+            "adopted": self._adopted,
+        }
+
+    def _directory(self, spec: LockSpec) -> str:
+        return lock_directory(self._root, spec.namespace, spec.name, spec.kind)
+
+    # ------------------------------------------------------------------ protocol
+
+    async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
+        """Queue (once per owner) and check our place: Grant(czxid) or Busy(None)."""
+        transport = self._require_open()
+        directory = self._directory(spec)
+        key = (directory, owner)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(directory, owner, spec)
+        async with entry.lock:
+            if entry.gone:  # left the queue meanwhile (not through the core): queue anew
+                return await self.try_acquire(spec, owner, ttl)
+            if entry.held:
+                if entry.lost is None:
+                    return Grant(entry.czxid)
+                return Busy(None)
+            await self._settle_cleanups(directory)
+            names = await self._enqueue(entry, transport)
+            while entry.session_id != transport.session_id:
+                # The session changed while the listing was on its way: queue again.
+                names = await self._enqueue(entry, transport)
+            verdict = _evaluate(entry, names)
+            if verdict.granted:
+                entry.held = True
+                entry.target = None
+                self._schedule_reaper(entry, ttl)
+                if verdict.successor and entry.kind is Kind.SEMAPHORE:
+                    await self._poke(entry, transport)
+                return Grant(entry.czxid)
+            entry.target = verdict.target
+            entry.target_children = verdict.children
+            waiter = self._waiters.get(key)
+            if waiter is None:
+                # Lock.try_acquire() will not wait: unless waiter() is entered right away
+                # (the core does so in the same step), our queue node must not stay.
+                asyncio.get_running_loop().call_soon(self._drop_if_unwaited, entry)
+            else:
+                await self._arm(waiter, entry, transport)
+            return Busy(None)
+
+    async def release(self, spec: LockSpec, owner: str) -> bool:
+        """Delete our node (and any stray one with our uuid); True if it was held."""
+        if self._state != "open" or self._transport is None:
+            return False
+        key = (self._directory(spec), owner)
+        entry = self._entries.get(key) or self._doomed.get(key)
+        if entry is None:
+            return False
+        async with entry.lock:
+            held = entry.held and entry.lost is None and not entry.gone
+            self._retire(entry)
+            if held:
+                await self._remove_nodes(entry, self._transport)
+                return True
+            # Lost, or only queued: nobody waits for us to confirm. If the connection is down
+            # the janitor deletes the node when it is back (or the session ends with it).
+            with contextlib.suppress(NotConnected):
+                await self._remove_nodes(entry, self._transport, wait=False)
+            return False
+
+    async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
+        """Confirm our node exists in our live session; False once the lease is lost."""
+        transport = self._require_open()
+        entry = self._entries.get((self._directory(spec), owner))
+        if entry is None or not entry.held or entry.gone or entry.lost is not None:
+            return False
+        if entry.session_id != transport.session_id:
+            self._mark_lost(entry, "the zookeeper session ended", doom=False)
+            return False
+        path = entry.path
+        if not entry.watching:
+            self._watches.setdefault(path, set()).add(entry)
+            entry.watching = True
+        try:
+            _, stat = await transport.get(
+                path, watch=True, wait=False, timeout=self._ping_timeout
+            )
+        except NoNodeError:
+            self._mark_lost(entry, "its lock node was deleted", doom=False)
+            return False
+        if entry.lost_event.is_set():  # declared lost while we were asking
+            return False
+        if stat.ephemeral_owner != entry.session_id:
+            self._mark_lost(entry, "its lock node belongs to another session", doom=False)
+            return False
+        self._schedule_reaper(entry, ttl)
+        return True
+
+    @asynccontextmanager
+    async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
+        """Arm the watch our last refused attempt chose; leaving by an error drops our node."""
+        transport = self._require_open()
+        key = (self._directory(spec), owner)
+        waiter = _ZKWaiter()
+        self._waiters[key] = waiter  # before any await: see _drop_if_unwaited
+        self._waiting += 1
+        try:
+            entry = self._entries.get(key)
+            if entry is not None and not entry.held:
+                await self._arm(waiter, entry, transport)
+            yield waiter
+        except BaseException:
+            # Timed out, cancelled or failed while queued: our node must not stay behind.
+            entry = self._entries.get(key)
+            if entry is not None:
+                task = self._abandon(entry)
+                if task is not None:
+                    await asyncio.shield(task)
+            raise
+        finally:
+            self._disarm(waiter)
+            if self._waiters.get(key) is waiter:
+                del self._waiters[key]
+            self._waiting -= 1
+
+    def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
+        """An Event set the moment the held lease of ``owner`` is known to be lost.
+
+        Session expired, grace timer run out, node deleted, or ttl passed without renewal.
+        ``None`` if ``owner`` holds nothing here. The watchdog waits on it between renewals.
+        """
+        entry = self._entries.get((self._directory(spec), owner))
+        if entry is None or not entry.held:
+            return None
+        return entry.lost_event
+
+    # ------------------------------------------------------------------ queueing
+
+    @property
+    def _ping_timeout(self) -> float:
+        return max(self._grace / 3, _MIN_PING_TIMEOUT)
+
+    async def _settle_cleanups(self, directory: str) -> None:
+        """Let our own pending deletions in ``directory`` finish: they change our place."""
+        pending = self._cleanups.get(directory)
+        if pending:
+            await asyncio.wait(set(pending))
+
+    async def _children(
+        self, transport: ZKTransport, directory: str, *, wait: bool = True
+    ) -> list[str]:
+        try:
+            return await transport.children(directory, wait=wait, timeout=self._request_timeout)
+        except NoNodeError:
+            return []
+
+    async def _enqueue(self, entry: _Entry, transport: ZKTransport) -> list[str]:
+        """Make sure our node exists in the current session; return the directory listing."""
+        for _ in range(_ENQUEUE_ATTEMPTS):
+            if entry.name is not None:
+                names = await self._children(transport, entry.directory)
+                if entry.name in names and entry.session_id == transport.session_id:
+                    await self._drop_strays(entry, transport, names)
+                    return names
+                entry.name = None  # deleted under us, or gone with an ended session
+            if entry.uncertain:
+                names = await self._children(transport, entry.directory)
+                if await self._adopt(entry, transport, names):
+                    return [n for n in names if n == entry.name or not n.startswith(entry.protect)]
+            try:
+                await self._create(entry, transport)
+            except ConnectionLoss:
+                # The create may have happened: find it by our uuid once we are back,
+                # instead of creating a second node that would block our own queue.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._request_timeout):
+                        await transport.wait_connected()
+        raise BackendError(
+            f"could not queue for {entry.directory!r} on {self.describe()} "
+            f"after {_ENQUEUE_ATTEMPTS} attempts"
+        )
+
+    async def _create(self, entry: _Entry, transport: ZKTransport) -> None:
+        base = f"{entry.directory}/{entry.prefix}"
+        for _ in range(_ENQUEUE_ATTEMPTS):
+            was_uncertain, stray = entry.uncertain, entry.stray_session
+            # From here until the reply, a node of ours may exist that we cannot name.
+            entry.uncertain = True
+            sid = transport.session_id
+            entry.stray_session = sid if transport.connected and sid is not None else _ANY_SESSION
+            try:
+                created, stat = await transport.create(
+                    base,
+                    self._node_data,
+                    ephemeral=True,
+                    sequential=True,
+                    timeout=self._request_timeout,
+                )
+            except NotConnected:
+                entry.uncertain, entry.stray_session = was_uncertain, stray  # never sent
+                raise
+            except NoNodeError:
+                entry.uncertain, entry.stray_session = was_uncertain, stray
+                await self._make_parents(entry.directory, transport)
+                continue
+            entry.uncertain = False
+            entry.stray_session = stray  # a clean create leaves no stray (earlier ones might)
+            entry.name = created.rsplit("/", 1)[1]
+            entry.czxid = stat.czxid
+            entry.session_id = stat.ephemeral_owner
+            return
+        raise BackendError(f"could not create a node in {entry.directory!r}")
+
+    async def _make_parents(self, directory: str, transport: ZKTransport) -> None:
+        path = ""
+        for part in directory.strip("/").split("/"):
+            path = f"{path}/{part}"
+            with contextlib.suppress(NodeExistsError):
+                await transport.create(path, container=True, timeout=self._request_timeout)
+
+    async def _adopt(self, entry: _Entry, transport: ZKTransport, names: list[str]) -> bool:
+        """After an unknown create outcome: keep our node of this session, delete the rest."""
+        mine = sorted((n for n in names if n.startswith(entry.protect)), key=_seq)
+        kept = False
+        for name in mine:
+            path = f"{entry.directory}/{name}"
+            try:
+                _, stat = await transport.get(path, timeout=self._request_timeout)
+            except NoNodeError:
+                continue
+            if not kept and stat.ephemeral_owner == transport.session_id:
+                entry.name = name
+                entry.czxid = stat.czxid
+                entry.session_id = stat.ephemeral_owner
+                kept = True
+                self._adopted += 1
+                continue
+            with contextlib.suppress(NoNodeError):
+                await transport.delete(path, timeout=self._request_timeout)
+        entry.uncertain = False
+        return kept
+
+    async def _drop_strays(self, entry: _Entry, transport: ZKTransport, names: list[str]) -> None:
+        """Delete nodes with our uuid that are not our node: a create that landed late, or
+        our node of an ended session the server has not expired yet (it would queue ahead
+        of us: we would wait for ourselves)."""
+        for name in [n for n in names if n != entry.name and n.startswith(entry.protect)]:
+            with contextlib.suppress(NoNodeError):
+                await transport.delete(f"{entry.directory}/{name}", timeout=self._request_timeout)
+            names.remove(name)
+
+    async def _poke(self, entry: _Entry, transport: ZKTransport) -> None:
+        """Touch our node so the waiter watching it re-checks (semaphore handover)."""
+        try:
+            await transport.set(entry.path, self._node_data, timeout=self._request_timeout)
+        except NoNodeError:
+            pass  # gone already: its deletion woke the successor
+        except BackendError as exc:
+            logger.debug("could not touch %s for its successor: %s", entry.path, exc)
+
+    # ------------------------------------------------------------------ watches
+
+    async def _arm(self, waiter: _ZKWaiter, entry: _Entry, transport: ZKTransport) -> None:
+        """Register ``waiter`` on the watch ``entry``'s last check chose, then arm it."""
+        target = entry.target
+        if target is None or waiter.armed == target:
+            return
+        self._disarm(waiter)
+        self._watches.setdefault(target, set()).add(waiter)
+        waiter.armed = target
+        try:
+            if entry.target_children:
+                names = await transport.children(
+                    target, watch=True, timeout=self._request_timeout
+                )
+                if entry.name not in names:
+                    waiter.wake()
+                else:
+                    verdict = _evaluate(entry, names)
+                    if verdict.granted or verdict.target != target:
+                        waiter.wake()  # changed since the check: check again at once
+            else:
+                await transport.get(target, watch=True, timeout=self._request_timeout)
+        except NoNodeError:
+            self._disarm(waiter)
+            waiter.wake()  # already gone: that is the wakeup
+        except (ConnectionLoss, NotConnected):
+            # The connection dropped under the watch: check again, which waits for the
+            # reconnection (the watch would not have survived it anyway).
+            self._disarm(waiter)
+            waiter.wake()
+        except BaseException:
+            self._disarm(waiter)
+            raise
+
+    def _disarm(self, waiter: _ZKWaiter) -> None:
+        target, waiter.armed = waiter.armed, None
+        if target is not None:
+            registered = self._watches.get(target)
+            if registered is not None:
+                registered.discard(waiter)
+                if not registered:
+                    del self._watches[target]
+
+    def _unwatch_held(self, entry: _Entry) -> None:
+        if entry.watching and entry.name is not None:
+            registered = self._watches.get(entry.path)
+            if registered is not None:
+                registered.discard(entry)
+                if not registered:
+                    del self._watches[entry.path]
+        entry.watching = False
+
+    def _on_event(self, event_type: int, path: str) -> None:
+        """A node watch fired: server watches are one-shot, so every registration goes."""
+        registered = self._watches.pop(path, None)
+        if not registered:
+            return
+        for item in registered:
+            if isinstance(item, _Entry):
+                item.watching = False
+                if event_type == EVENT_DELETED and item.held and item.lost is None:
+                    self._mark_lost(item, "its lock node was deleted", doom=False)
+            else:
+                item.armed = None
+                item.wake()
+
+    def _reset_watches(self) -> None:
+        """Server watches did not survive the connection: forget them, re-check everyone."""
+        for registered in self._watches.values():
+            for item in registered:
+                if isinstance(item, _Entry):
+                    item.watching = False
+                else:
+                    item.armed = None
+        self._watches.clear()
+        for waiter in self._waiters.values():
+            waiter.wake()
+
+    # ------------------------------------------------------------------ leaving the queue
+
+    def _retire(self, entry: _Entry) -> None:
+        entry.gone = True
+        entry.held = False
+        entry.target = None
+        if entry.reaper is not None:
+            entry.reaper.cancel()
+            entry.reaper = None
+        self._unwatch_held(entry)
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        self._doomed.pop(entry.key, None)
+
+    async def _remove_nodes(
+        self, entry: _Entry, transport: ZKTransport, *, wait: bool = True
+    ) -> None:
+        """Delete our node and, after an unknown create outcome, any node with our uuid.
+
+        If that cannot be done now, the entry is kept for the janitor, which retries when the
+        connection is back in the same session (a node of an ended session is gone already).
+        ``wait=False``: do not wait for a suspended connection to come back (NotConnected).
+        """
+        try:
+            sid = transport.session_id
+            timeout = self._request_timeout
+            if entry.name is not None and entry.session_id == sid:
+                with contextlib.suppress(NoNodeError):
+                    await transport.delete(entry.path, wait=wait, timeout=timeout)
+            entry.name = None
+            if entry.stray_session in (sid, _ANY_SESSION):
+                for name in await self._children(transport, entry.directory, wait=wait):
+                    if name.startswith(entry.protect):
+                        with contextlib.suppress(NoNodeError):
+                            await transport.delete(
+                                f"{entry.directory}/{name}", wait=wait, timeout=timeout
+                            )
+            entry.uncertain = False
+            entry.stray_session = None  # a stray of an ended session ended with it
+        except BaseException:
+            if self._state == "open":
+                self._doomed[entry.key] = entry
+            raise
+
+    def _abandon(self, entry: _Entry) -> asyncio.Task[None] | None:
+        """Leave the queue in the background (shielded from the caller's cancellation)."""
+        if entry.gone:
+            return None
+        if entry.abandoning is not None:
+            return entry.abandoning
+        if self._state != "open":
+            return None
+        task = self._spawn(self._leave(entry), "aiodlock-zk-leave")
+        entry.abandoning = task
+        pending = self._cleanups.setdefault(entry.directory, set())
+        pending.add(task)
+
+        def done(_: asyncio.Task[None]) -> None:
+            pending.discard(task)
+            if not pending and self._cleanups.get(entry.directory) is pending:
+                del self._cleanups[entry.directory]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _leave(self, entry: _Entry) -> None:
+        transport = self._require_open()
+        async with entry.lock:
+            if entry.gone and self._doomed.get(entry.key) is not entry:
+                return
+            self._retire(entry)
+            with contextlib.suppress(BackendError):  # kept for the janitor
+                await self._remove_nodes(entry, transport, wait=False)
+
+    def _drop_if_unwaited(self, entry: _Entry) -> None:
+        if not entry.gone and not entry.held and entry.key not in self._waiters:
+            self._abandon(entry)
+
+    # ------------------------------------------------------------------ leases
+
+    def _schedule_reaper(self, entry: _Entry, ttl: float) -> None:
+        if entry.reaper is not None:
+            entry.reaper.cancel()
+        entry.reaper = asyncio.get_running_loop().call_later(ttl, self._reap, entry)
+
+    def _reap(self, entry: _Entry) -> None:
+        entry.reaper = None
+        if entry.held and entry.lost is None and not entry.gone:
+            self._mark_lost(entry, "it was not renewed within its ttl")
+
+    def _mark_lost(self, entry: _Entry, reason: str, *, doom: bool = True) -> None:
+        """The lease is over: renew says False from now on; our node goes when it can."""
+        if entry.lost is not None:
+            return
+        entry.lost = reason
+        entry.lost_event.set()
+        self._losses += 1
+        if entry.reaper is not None:
+            entry.reaper.cancel()
+            entry.reaper = None
+        logger.warning("lost lock node %s: %s", entry.directory, reason)
+        transport = self._transport
+        if doom and transport is not None and entry.session_id == transport.session_id:
+            self._doomed[entry.key] = entry
+            self._kick_janitor()
+
+    def _kick_janitor(self) -> None:
+        transport = self._transport
+        if not self._doomed or self._state != "open" or transport is None:
+            return
+        if not transport.connected:
+            return  # the reconnect kicks it again
+        if self._janitor is None or self._janitor.done():
+            self._janitor = self._spawn(self._clean_doomed(transport), "aiodlock-zk-janitor")
+
+    async def _clean_doomed(self, transport: ZKTransport) -> None:
+        for key, entry in list(self._doomed.items()):
+            async with entry.lock:
+                if self._doomed.get(key) is not entry:
+                    continue
+                try:
+                    await self._remove_nodes(entry, transport)
+                except BackendError:
+                    return  # still unreachable: the next reconnect or ping retries
+                self._doomed.pop(key, None)
+
+    # ------------------------------------------------------------------ session supervisor
+
+    def _on_state(self, old: str, new: str) -> None:
+        """aiozk's session moved (called synchronously from the transport)."""
+        if self._state != "open" or self._transport is None:
+            return
+        if new == CONNECTED:
+            sid = self._transport.session_id
+            if sid != self._session_id:
+                self._new_session(sid)
+            else:
+                self._reconnects += 1
+            self._reset_watches()
+            self._kick.set()  # ping now (fresh contact), then clean up
+        elif new == LOST:
+            self._session_ended("the zookeeper session expired")
+            self._reset_watches()
+        elif new == SUSPENDED:
+            logger.info("zookeeper connection suspended (%s)", self.describe())
+
+    def _new_session(self, sid: int | None) -> None:
+        if self._session_id is not None:
+            self._session_ended("the zookeeper session ended")
+        self._session_id = sid
+        self._sessions += 1
+        transport = self._transport
+        if transport is not None:
+            granted = transport.negotiated_timeout
+            grace = granted * _GRACE_FRACTION
+            if self._grace_option is not None:
+                grace = min(self._grace_option, granted * _MAX_GRACE_FRACTION)
+            self._grace = grace
+
+    def _session_ended(self, reason: str) -> None:
+        for entry in list(self._entries.values()):
+            if entry.held and entry.lost is None:
+                self._mark_lost(entry, reason, doom=False)
+        self._doomed.clear()
+
+    async def _pinger(self) -> None:
+        """Keep the session alive and ``contact`` fresh; give up a silent connection."""
+        transport = self._require_open()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ping_timeout):
+                    await self._kick.wait()
+            self._kick.clear()
+            if not transport.connected:
+                continue
+            try:
+                await transport.ping(timeout=self._ping_timeout)
+            except ConnectionLoss:
+                logger.info("no zookeeper ping reply in %.3g s: reconnecting", self._ping_timeout)
+                transport.drop_connection()
+            except BackendError:
+                pass
+            self._kick_janitor()
+
+    async def _grace_watch(self) -> None:
+        """Declare every held lease lost once no answer came for ``suspended_grace``."""
+        transport = self._require_open()
+        loop = asyncio.get_running_loop()
+        while True:
+            transport.contact_changed.clear()
+            delay = transport.contact + self._grace - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            held = [e for e in self._entries.values() if e.held and e.lost is None]
+            for entry in held:
+                self._mark_lost(
+                    entry,
+                    f"no answer from zookeeper for {self._grace:.3g} s "
+                    "(the session may expire before we hear from it again)",
+                )
+            await transport.contact_changed.wait()
+
+
+async def _never_fail(coro: Coroutine[Any, Any, None], name: str) -> None:
+    """A TaskGroup child must not fail (that would cancel the task that opened the client)."""
+    try:
+        await coro
+    except Exception:
+        logger.exception("aiodlock zookeeper task %s failed", name)

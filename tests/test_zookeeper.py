@@ -1,0 +1,698 @@
+"""ZooKeeper-specific behaviour and faults, against real servers (tests/support_zookeeper.py).
+
+The conformance suite already runs every lock kind on ZooKeeper; this file covers what only
+ZooKeeper has: sessions and their loss, an ensemble losing its leader, the protected create,
+container parents, czxid fencing, the node layout, and the counter example.
+
+Faults are injected three ways: SIGSTOP/SIGKILL of a server process (``ServerProcess``), and
+a :class:`FaultyProxy` between one client and the server that can partition the link (drop
+every byte both ways, connections stay open, as on a cut network) or swallow the server's
+replies and then drop the connection (a create whose reply is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import aiodlock
+from aiodlock.backends.zookeeper import ZooKeeperBackend, encode_segment, namespace_path
+from aiodlock.testing import History
+from tests.conftest import settle, wait_until
+from tests.servers import LOOPBACK
+from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperProbe, ZooKeeperServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+class FaultyProxy:
+    """A TCP proxy on a free loopback port in front of one ZooKeeper server.
+
+    ``partitioned = True`` drops every byte in both directions while keeping connections
+    open (new ones are accepted and get nothing): a network cut, no RST, no FIN.
+    ``swallow_replies = True`` drops only what the server sends. :meth:`cut` aborts every
+    connection through the proxy (the client sees the connection drop).
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.partitioned = False
+        self.swallow_replies = False
+        self.port = 0
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._server: asyncio.Server | None = None
+        self._group = asyncio.TaskGroup()
+
+    async def __aenter__(self) -> FaultyProxy:
+        await self._group.__aenter__()
+        self._server = await asyncio.start_server(self._accept, LOOPBACK, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.cut()
+        await self._server.wait_closed()
+        await self._group.__aexit__(None, None, None)
+
+    def url(self, query: str = "") -> str:
+        return f"zookeeper://{LOOPBACK}:{self.port}/{'?' + query if query else ''}"
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._group.create_task(self._link(reader, writer))
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        link = (writer, up_writer)
+        self._links.add(link)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._pipe(reader, up_writer, replies=False))
+                group.create_task(self._pipe(up_reader, writer, replies=True))
+        finally:
+            self._links.discard(link)
+            writer.close()
+            up_writer.close()
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, replies: bool
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                if self.partitioned or (replies and self.swallow_replies):
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    def cut(self) -> None:
+        """Abort every connection through the proxy."""
+        for client, upstream in list(self._links):
+            client.transport.abort()
+            upstream.transport.abort()
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Wait for a condition that only a poll of the server can tell (a probe's view)."""
+    async with asyncio.timeout(timeout):
+        while not await predicate():  # noqa: ASYNC110 - the server's state, polled
+            await asyncio.sleep(0.01)
+
+
+def backend_of(client: aiodlock.LockClient) -> ZooKeeperBackend:
+    backend = client._backend
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+def session_of(client: aiodlock.LockClient) -> int:
+    return int(backend_of(client).statistics()["session_id"], 16)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"z{os.urandom(6).hex()}"
+
+
+@pytest.fixture
+async def probe(zookeeper_server: ZooKeeperServer) -> AsyncIterator[ZooKeeperProbe]:
+    probe = await ZooKeeperProbe(f"{LOOPBACK}:{zookeeper_server.port}", "").start()
+    try:
+        yield probe
+    finally:
+        await probe.aclose()
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[ZooKeeperServer]:
+    """A standalone server of this test's own, for faults that hit the whole server."""
+    with ZooKeeperServer() as server:
+        yield server
+
+
+# ---------------------------------------------------------------------- connecting
+
+
+async def test_unreachable_ensemble_fails_within_connect_timeout() -> None:
+    loop = asyncio.get_running_loop()
+    with socket_nobody_listens() as port:
+        started = loop.time()
+        with pytest.raises(aiodlock.BackendError, match="connect_timeout") as info:
+            async with aiodlock.connect(
+                f"zookeeper://{LOOPBACK}:{port},{LOOPBACK}:{port}/x", connect_timeout=0.5
+            ):
+                pass
+        assert loop.time() - started < 1.5
+    assert isinstance(info.value.__cause__, TimeoutError)
+
+
+async def test_a_server_that_accepts_but_never_answers_is_unreachable_too(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """A paused server (or a black hole) accepts TCP but says nothing: still bounded."""
+    loop = asyncio.get_running_loop()
+    async with FaultyProxy(zookeeper_server.port) as proxy:
+        proxy.partitioned = True
+        started = loop.time()
+        with pytest.raises(aiodlock.BackendError, match=r"within 0\.5 s"):
+            async with aiodlock.connect(proxy.url(), connect_timeout=0.5):
+                pass
+        assert loop.time() - started < 1.5
+
+
+@contextlib.contextmanager
+def socket_nobody_listens() -> Iterator[int]:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: connections are refused
+        sock.bind((LOOPBACK, 0))
+        yield sock.getsockname()[1]
+
+
+def test_urls_and_options_are_checked_without_connecting() -> None:
+    with pytest.raises(ValueError, match="no credentials") as info:
+        aiodlock.connect("zookeeper://user:hunter2@127.0.0.1:2181/")
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(ValueError, match="chroot"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/a/../b")
+    with pytest.raises(ValueError, match="session_timeout"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/", session_timeout=0)
+    with pytest.raises(TypeError, match="suspended_grace"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/", suspended_grace="1")
+    client = aiodlock.connect("zookeeper://zk1,zk2:2182/apps?session_timeout=4&connect_timeout=2")
+    assert repr(client).startswith("<LockClient new zookeeper://zk1,zk2:2182/apps ")
+
+
+async def test_describe_statistics_and_chroot(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    url = f"{zookeeper_server.url}/apps/team-a?session_timeout=4"
+    async with aiodlock.connect(url, namespace=namespace) as locks:
+        stats = backend_of(locks).statistics()
+        assert stats["state"] == "connected"
+        assert stats["session_timeout"] == 4.0
+        assert stats["suspended_grace"] == 2.0
+        async with locks.lock("job"):
+            nodes = await probe.contenders_under(f"/apps/team-a/{encode_segment(namespace)}")
+            assert len(nodes) == 1
+            assert nodes[0].startswith(f"/apps/team-a/{namespace}/job/mutex/_c_")
+            assert backend_of(locks).statistics()["held"] == 1
+    assert await probe.leftovers_under(f"/apps/team-a/{encode_segment(namespace)}") == []
+
+
+# ---------------------------------------------------------------------- layout and fencing
+
+
+async def test_names_never_escape_the_namespace(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    names = ["../../escape", "/", "a/b", ".", "..", "zookeeper", "%2F", "ünï/cødé", "x" * 1024]
+    async with aiodlock.connect(zookeeper_server.url, namespace=namespace) as locks:
+        leases = [await locks.lock(name).acquire() for name in names]
+        everything = await probe.walk("/")
+        ours = [path for path, stat in everything if stat.ephemeral_owner == session_of(locks)]
+        assert len(ours) == len(names)
+        base = namespace_path("", namespace)
+        for path in ours:
+            assert path.startswith(base + "/")
+            assert path.count("/") == 4, path  # /<ns>/<name>/mutex/<node>: one segment per name
+        assert len({path.rsplit("/", 2)[0] for path in ours}) == len(names)  # all distinct
+        for lease in leases:
+            await lease.release()
+
+
+async def test_empty_parents_are_reaped_and_tokens_keep_increasing(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """Parents are containers: gone once empty; czxid tokens survive the reset of sequences."""
+    base = namespace_path("", namespace)
+    async with aiodlock.connect(zookeeper_server.url, namespace=namespace) as locks:
+        async with locks.lock("reaped") as first:
+            assert await probe.stat(f"{base}/reaped/mutex") is not None
+        await eventually(lambda: _gone(probe, base), timeout=15)
+        async with locks.lock("reaped") as second:
+            pass
+    assert second.fencing_token > first.fencing_token
+
+
+async def _gone(probe: ZooKeeperProbe, path: str) -> bool:
+    return await probe.stat(path) is None
+
+
+async def test_fencing_token_is_the_czxid_of_the_lock_node(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    locks = aiodlock.connect(zookeeper_server.url, namespace=namespace)
+    async with locks, locks.lock("fenced") as lease:
+        (node,) = await probe.lock_nodes(namespace, "fenced")
+        stat = await probe.stat(node)
+        assert stat is not None
+        assert lease.fencing_token == stat.created_zxid
+        assert stat.ephemeral_owner == session_of(locks)
+
+
+# ---------------------------------------------------------------------- semantics
+
+
+async def test_reader_is_not_blocked_by_a_later_writer(zookeeper_server: ZooKeeperServer) -> None:
+    """kazoo#649: a reader waits only for writers queued *before* it."""
+    ns = f"z{os.urandom(6).hex()}"
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=ns) as a,
+        aiodlock.connect(zookeeper_server.url, namespace=ns) as b,
+    ):
+        first_writer = await a.write_lock("doc").acquire()
+        reader = asyncio.create_task(b.read_lock("doc").acquire(timeout=10))
+        await _until_waiting(b, 1)
+        later_writer = asyncio.create_task(a.write_lock("doc").acquire(timeout=10))
+        await _until_waiting(a, 1)
+        await first_writer.release()
+        read_lease = await asyncio.wait_for(reader, 2)  # not held up by the later writer
+        await asyncio.sleep(0.05)
+        assert not later_writer.done()  # ... which waits for the reader
+        await read_lease.release()
+        await (await later_writer).release()
+
+
+async def _until_waiting(client: aiodlock.LockClient, count: int) -> None:
+    await wait_until(lambda: backend_of(client).statistics()["waiters"] >= count)
+
+
+async def test_semaphore_hands_each_freed_permit_to_the_next_waiter(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """Waiters watch their predecessor, the first waiter the directory; a waiter that moves
+    up is told by its predecessor's touch: every freed permit is taken at once, in order."""
+    ns = f"z{os.urandom(6).hex()}"
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=ns) as a,
+        aiodlock.connect(zookeeper_server.url, namespace=ns) as b,
+    ):
+        holders = [await a.semaphore("pool", limit=2).acquire() for _ in range(2)]
+        order: list[int] = []
+        waiting: list[asyncio.Task[aiodlock.Lease]] = []
+        for i in range(4):
+            waiting.append(asyncio.create_task(_take(b, order, i)))
+            await _until_waiting(b, i + 1)
+        await holders[1].release()  # the first waiter (index 2) moves in
+        second = await asyncio.wait_for(waiting[0], 2)
+        await holders[0].release()  # the next one was watching waiter 0: it was touched
+        third = await asyncio.wait_for(waiting[1], 2)
+        await second.release()
+        fourth = await asyncio.wait_for(waiting[2], 2)
+        await third.release()
+        fifth = await asyncio.wait_for(waiting[3], 2)
+        await fourth.release()
+        await fifth.release()
+        assert order == [0, 1, 2, 3]
+
+
+async def _take(client: aiodlock.LockClient, order: list[int], i: int) -> aiodlock.Lease:
+    lease = await client.semaphore("pool", limit=2).acquire(timeout=20)
+    order.append(i)
+    return lease
+
+
+# ---------------------------------------------------------------------- cancellation
+
+
+async def test_cancelling_100_waiters_leaves_no_znode(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as holder_client,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as crowd,
+    ):
+        holder = await holder_client.lock("crowded").acquire()
+        tasks = [asyncio.create_task(crowd.lock("crowded").acquire()) for _ in range(100)]
+        await _until_waiting(crowd, 100)
+        assert len(await probe.lock_nodes(namespace, "crowded")) == 101
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        await settle(crowd)
+        assert len(await probe.lock_nodes(namespace, "crowded")) == 1  # the holder's
+        stats = backend_of(crowd).statistics()
+        assert (stats["entries"], stats["waiters"], stats["watches"]) == (0, 0, 0)
+        await holder.release()
+    assert await probe.leftovers(namespace) == []
+
+
+async def test_cancelling_acquisitions_at_random_moments_leaves_no_znode(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """Cancelled mid-create, mid-listing, while arming a watch or waiting: nothing stays."""
+    rng = random.Random(7)
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as holder_client,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as crowd,
+    ):
+        holder = await holder_client.lock("busy").acquire()
+        tasks = [asyncio.create_task(crowd.lock("busy").acquire()) for _ in range(100)]
+        for task in tasks:
+            await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.001, 0.003]))
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await settle(crowd)
+        await holder.release()
+        await eventually(lambda: _no_nodes(probe, namespace, "busy"), timeout=5)
+        stats = backend_of(crowd).statistics()
+        assert (stats["entries"], stats["waiters"], stats["watches"]) == (0, 0, 0)
+    assert await probe.leftovers(namespace) == []
+
+
+async def _no_nodes(probe: ZooKeeperProbe, namespace: str, name: str) -> bool:
+    return not await probe.lock_nodes(namespace, name)
+
+
+# ---------------------------------------------------------------------- lost create replies
+
+
+async def test_a_create_whose_reply_is_lost_leaves_no_duplicate(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """The create reaches the server, its reply is lost with the connection: after the
+    reconnect the node is found by its uuid (ephemeralOwner = our session) and adopted,
+    keeping its place in the queue; no second node is created."""
+    async with (
+        FaultyProxy(zookeeper_server.port) as proxy,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as direct,
+        aiodlock.connect(proxy.url("session_timeout=10"), namespace=namespace) as locks,
+    ):
+        holder = await direct.lock("lossy").acquire()  # also keeps the parents in place
+        proxy.swallow_replies = True
+        acquiring = asyncio.create_task(locks.lock("lossy").acquire(timeout=20))
+        await eventually(lambda: _count_is(probe, namespace, "lossy", 2))
+        proxy.swallow_replies = False
+        proxy.cut()  # the create's reply is gone with its connection
+        await wait_until(lambda: backend_of(locks).statistics()["adopted"] == 1)
+        nodes = await probe.lock_nodes(namespace, "lossy")
+        assert len(nodes) == 2, nodes  # the holder's and ours: no duplicate
+        await holder.release()
+        lease = await acquiring
+        (node,) = await probe.lock_nodes(namespace, "lossy")
+        stat = await probe.stat(node)
+        assert stat is not None
+        assert stat.ephemeral_owner == session_of(locks)
+        assert lease.fencing_token == stat.created_zxid
+        stats = backend_of(locks).statistics()
+        assert stats["reconnects"] >= 1
+        assert stats["sessions"] == 1
+        await lease.release()
+    assert await probe.leftovers(namespace) == []
+
+
+async def test_a_cancelled_create_whose_reply_never_came_leaves_nothing(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """Cancelled while the create's reply is held up: the compensating release finds the
+    node by its uuid once the connection is back."""
+    async with (
+        FaultyProxy(zookeeper_server.port) as proxy,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as direct,
+        aiodlock.connect(proxy.url("session_timeout=10"), namespace=namespace) as locks,
+    ):
+        holder = await direct.lock("stuck").acquire()
+        proxy.swallow_replies = True
+        acquiring = asyncio.create_task(locks.lock("stuck").acquire())
+        await eventually(lambda: _count_is(probe, namespace, "stuck", 2))
+        acquiring.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        proxy.swallow_replies = False
+        proxy.cut()
+        await settle(locks)
+        await eventually(lambda: _count_is(probe, namespace, "stuck", 1), timeout=10)
+        await holder.release()
+    assert await probe.leftovers(namespace) == []
+
+
+# ---------------------------------------------------------------------- session loss
+
+
+async def test_partitioned_holder_is_cancelled_before_anyone_else_holds(
+    zookeeper_server: ZooKeeperServer, namespace: str
+) -> None:
+    """The holder's link goes silent. Its grace timer (1.5 s) runs out well before the server
+    expires its session (6 s): the body is cancelled with LockLostError at once (loss_signal;
+    the next renewal would be 10 s away), and only then does the other client get the lock."""
+    history = History()
+    loop = asyncio.get_running_loop()
+    times: dict[str, float] = {}
+    messages: list[str] = []
+    entered = asyncio.Event()
+
+    async def holder(locks: aiodlock.LockClient) -> None:
+        try:
+            async with locks.lock("split", ttl=30) as lease:
+                with history.hold("partitioned", lease.fencing_token):
+                    entered.set()
+                    try:
+                        await asyncio.sleep(60)
+                    except asyncio.CancelledError:
+                        times["cancelled"] = loop.time()
+                        raise
+        except aiodlock.LockLostError as exc:
+            times["lost"] = loop.time()
+            messages.append(str(exc))
+
+    async with (
+        FaultyProxy(zookeeper_server.port) as proxy,
+        aiodlock.connect(
+            proxy.url("session_timeout=6&suspended_grace=1.5"), namespace=namespace
+        ) as partitioned,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as other,
+    ):
+        holding = asyncio.create_task(holder(partitioned))
+        await entered.wait()
+        proxy.partitioned = True
+        times["cut"] = loop.time()
+        lease = await other.lock("split").acquire(timeout=20)
+        times["other"] = loop.time()
+        with history.hold("other", lease.fencing_token):
+            await asyncio.sleep(0.01)
+        await lease.release()
+        await holding
+        proxy.partitioned = False
+    history.check(max_holders=1)
+    assert times["cancelled"] <= times["lost"] < times["other"]  # (uvloop: 1 ms clock)
+    assert times["lost"] - times["cut"] < 1.5 + 0.5  # the grace, not the ttl
+    assert times["other"] - times["cut"] > 4.0  # only once the server expired the session
+    assert len(messages) == 1
+    assert "ended the session or connection" in messages[0]
+
+
+async def test_stopped_server_past_the_session_timeout_cancels_the_holder(
+    fresh_server: ZooKeeperServer, namespace: str
+) -> None:
+    """The whole server is SIGSTOPped longer than the session timeout: the holder's body is
+    cancelled while the server is still stopped; afterwards the waiter gets the lock."""
+    loop = asyncio.get_running_loop()
+    entered = asyncio.Event()
+    times: dict[str, float] = {}
+    history = History()
+
+    async def holder(locks: aiodlock.LockClient) -> None:
+        with contextlib.suppress(aiodlock.LockLostError):
+            async with locks.lock("frozen", ttl=30) as lease:
+                with history.hold("holder", lease.fencing_token):
+                    entered.set()
+                    await asyncio.sleep(60)
+        times["lost"] = loop.time()
+
+    url = f"{fresh_server.url}/?session_timeout=3"
+    async with (
+        aiodlock.connect(url, namespace=namespace) as locks,
+        aiodlock.connect(url, namespace=namespace) as other,
+    ):
+        holding = asyncio.create_task(holder(locks))
+        await entered.wait()
+        waiting = asyncio.create_task(other.lock("frozen").acquire(timeout=40))
+        await _until_waiting(other, 1)
+        await asyncio.to_thread(fresh_server.pause)
+        times["paused"] = loop.time()
+        await asyncio.sleep(4.0)  # > the 3 s session timeout
+        times["resumed"] = loop.time()
+        await asyncio.to_thread(fresh_server.resume)
+        await holding
+        lease = await waiting
+        with history.hold("waiter", lease.fencing_token):
+            pass
+        await lease.release()
+        assert backend_of(locks).statistics()["losses"] == 1
+    history.check(max_holders=1)
+    assert times["paused"] < times["lost"] < times["resumed"]
+    assert times["lost"] - times["paused"] < 1.5 + 0.5  # grace = half the 3 s session
+
+
+async def test_a_lease_outside_async_with_is_marked_lost_when_the_grace_runs_out(
+    zookeeper_server: ZooKeeperServer, namespace: str
+) -> None:
+    """loss_signal: ``lease.lost`` is set when the supervisor gives up, not at the next renewal
+    (ttl=30: that would be 10 s later). The node goes once the link is back."""
+    loop = asyncio.get_running_loop()
+    async with (
+        FaultyProxy(zookeeper_server.port) as proxy,
+        aiodlock.connect(
+            proxy.url("session_timeout=10&suspended_grace=1"), namespace=namespace
+        ) as locks,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as other,
+    ):
+        lock = locks.lock("signalled", ttl=30)
+        lease = await lock.acquire()
+        signal = backend_of(locks).loss_signal(lock._spec, lease._owner)
+        assert signal is not None and not signal.is_set()
+        proxy.partitioned = True
+        cut = loop.time()
+        await asyncio.wait_for(lease.lost.wait(), 3)
+        assert signal.is_set()
+        assert loop.time() - cut < 1.0 + 0.3
+        with pytest.raises(aiodlock.LockLostError):
+            lease.assert_held()
+        proxy.partitioned = False
+        proxy.cut()  # reconnect at once (same session): the janitor deletes the node
+        successor = await other.lock("signalled").acquire(timeout=5)
+        assert loop.time() - cut < 5  # well before the 10 s session could have expired
+        assert backend_of(locks).statistics()["sessions"] == 1
+        await successor.release()
+        with pytest.raises(aiodlock.LockNotOwnedError):
+            await lease.release()
+
+
+async def test_waiter_requeues_after_its_session_expired(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """A queued waiter's session expires (its node vanishes): it queues again, new session."""
+    async with (
+        FaultyProxy(zookeeper_server.port) as proxy,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as holder_client,
+        aiodlock.connect(proxy.url("session_timeout=2"), namespace=namespace) as waiter_client,
+    ):
+        holder = await holder_client.lock("requeue").acquire()
+        waiting = asyncio.create_task(waiter_client.lock("requeue").acquire(timeout=30))
+        await _until_waiting(waiter_client, 1)
+        first_session = session_of(waiter_client)
+        proxy.partitioned = True
+        await eventually(lambda: _count_is(probe, namespace, "requeue", 1), timeout=10)
+        proxy.partitioned = False
+        proxy.cut()  # the server closed the expired session's connection; so do we
+        await eventually(lambda: _count_is(probe, namespace, "requeue", 2), timeout=10)
+        assert session_of(waiter_client) != first_session
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 10)
+        assert lease.fencing_token > holder.fencing_token
+        await lease.release()
+    assert await probe.leftovers(namespace) == []
+
+
+async def _count_is(probe: ZooKeeperProbe, namespace: str, name: str, count: int) -> bool:
+    return len(await probe.lock_nodes(namespace, name)) == count
+
+
+# ---------------------------------------------------------------------- ensemble
+
+
+async def test_killing_the_leader_keeps_exclusion_and_waiters_proceed(
+    zookeeper_ensemble: ZooKeeperEnsemble,
+) -> None:
+    """Four workers on a three-server quorum do read-sleep-write rounds under one lock; the
+    leader is SIGKILLed mid-run while one worker holds and the others wait. Every client
+    reconnects (followers drop their clients during the election); no two holders overlap,
+    no update is lost, and every worker finishes its rounds."""
+    ns = f"z{os.urandom(6).hex()}"
+    url = f"{zookeeper_ensemble.url}/?session_timeout=8"
+    rounds = 12
+    history = History()
+    counter = {"value": 0, "done": 0, "lost": 0}
+    killed = asyncio.Event()
+    warmed_up = asyncio.Event()
+
+    async def worker(locks: aiodlock.LockClient, who: str) -> None:
+        done = 0
+        while done < rounds:
+            try:
+                async with locks.lock("stock", ttl=2, timeout=60) as lease:
+                    with history.hold(who, lease.fencing_token):
+                        seen = counter["value"]
+                        await asyncio.sleep(random.uniform(0.005, 0.02))
+                        counter["value"] = seen + 1
+            except aiodlock.LockLostError:
+                counter["lost"] += 1
+                continue
+            done += 1
+            counter["done"] += 1
+            if counter["done"] >= 8:
+                warmed_up.set()
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients: list[aiodlock.LockClient] = []
+        leader = await asyncio.to_thread(zookeeper_ensemble.leader)
+        leader_address = f"{leader.host}:{leader.port}"
+        # Sessions land on a random server: make sure some client is on the leader.
+        while len(clients) < 4 or not any(_server_of(c) == leader_address for c in clients):
+            clients.append(await stack.enter_async_context(aiodlock.connect(url, namespace=ns)))
+            assert len(clients) < 20
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i, client in enumerate(clients):
+                    group.create_task(worker(client, f"w{i}"))
+                await asyncio.wait_for(warmed_up.wait(), 30)
+                await asyncio.to_thread(leader.kill)
+                killed.set()
+        finally:
+            await asyncio.to_thread(zookeeper_ensemble.restart_stopped)
+        reconnects = sum(backend_of(c).statistics()["reconnects"] for c in clients)
+        sessions = sum(backend_of(c).statistics()["sessions"] for c in clients)
+    print(f"leader killed: {reconnects} reconnects, {sessions} sessions, {counter}")
+    assert killed.is_set()
+    assert counter["done"] == rounds * len(clients)
+    assert counter["value"] == counter["done"]  # no lost update
+    history.check(max_holders=1)
+    assert reconnects >= 1
+
+
+def _server_of(client: aiodlock.LockClient) -> str:
+    return str(backend_of(client).statistics()["server"])
+
+
+# ---------------------------------------------------------------------- the example
+
+
+@pytest.mark.parametrize("lock", [True, False], ids=["with-lock", "without-lock"])
+def test_zk_counter_example(zookeeper_server: ZooKeeperServer, lock: bool) -> None:
+    args = [sys.executable, "-W", "error", str(ROOT / "examples" / "zk_counter.py")]
+    args += ["--url", f"{zookeeper_server.url}/examples", "--processes", "2"]
+    args += ["--increments", "25"]
+    if not lock:
+        args.append("--no-lock")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"final value (\d+) of (\d+) increments", result.stdout)
+    assert match, result.stdout
+    final, expected = int(match.group(1)), int(match.group(2))
+    assert expected == 50
+    if lock:
+        assert final == expected
+    else:
+        assert final < expected  # read-sleep-write without the lock loses updates
