@@ -96,6 +96,7 @@ class _LockBase:
         self._client = client
         self._backend: Backend = client._backend
         self._spec = spec
+        self._queued_on_busy = spec.fair or getattr(self._backend, "queues_on_busy", False)
         self.ttl = ttl
         self.timeout = timeout
         self.max_hold = max_hold
@@ -141,8 +142,8 @@ class _LockBase:
         owner = _new_owner()
         attempt, sent = await self._attempt(owner)
         if isinstance(attempt, Busy):
-            if self._spec.fair:
-                # A fair backend may have queued us; we are not going to wait.
+            if self._queued_on_busy:
+                # The refusal queued us; we are not going to wait.
                 await self._client._release(self._spec, owner)
             return None
         lease = self._grant(owner, attempt, sent)
@@ -178,9 +179,9 @@ class _LockBase:
                         wait_for = remaining if wait_for is None else min(wait_for, remaining)
                     await waiter.wait(wait_for)
         except BaseException:
-            if granted is not None or self._spec.fair:
+            if granted is not None or self._queued_on_busy:
                 # Granted, then cancelled while leaving the waiter: give the lock back. Or
-                # leave the fair queue so the waiters behind us are not held up.
+                # leave the queue so the waiters behind us are not held up.
                 self._client._spawn_release(self._spec, owner)
             raise
         finally:

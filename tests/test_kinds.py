@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 
 import aiodlock
+from aiodlock.backends import Capability
 from aiodlock.testing import History
 from tests.conftest import Target, settle, wait_until
 
@@ -45,6 +46,7 @@ async def test_non_reentrant_reentry_is_an_error_not_a_deadlock(
                 pass
 
 
+@pytest.mark.requires(Capability.SHARED)
 async def test_readers_share_writers_exclude(
     locks: aiodlock.LockClient, other: aiodlock.LockClient
 ) -> None:
@@ -67,6 +69,7 @@ async def test_readers_share_writers_exclude(
     await r3.release()
 
 
+@pytest.mark.requires(Capability.SHARED)
 async def test_writer_release_wakes_every_reader(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, target: Target
 ) -> None:
@@ -85,11 +88,13 @@ async def test_writer_release_wakes_every_reader(
     assert await target.leftovers() == []
 
 
+@pytest.mark.requires(Capability.SHARED, Capability.COUNTING)
 async def test_lock_families_are_independent(locks: aiodlock.LockClient) -> None:
     async with locks.lock("x"), locks.write_lock("x"), locks.semaphore("x", limit=1):
         pass
 
 
+@pytest.mark.requires(Capability.COUNTING)
 async def test_semaphore_limit(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, target: Target
 ) -> None:
@@ -109,6 +114,7 @@ async def test_semaphore_limit(
     assert await target.leftovers() == []
 
 
+@pytest.mark.requires(Capability.COUNTING)
 async def test_semaphore_permit_of_crashed_holder_comes_back(
     locks: aiodlock.LockClient, other: aiodlock.LockClient
 ) -> None:
@@ -119,6 +125,7 @@ async def test_semaphore_permit_of_crashed_holder_comes_back(
     await again.release()
 
 
+@pytest.mark.requires(Capability.FAIR)
 async def test_fair_lock_hands_over_in_arrival_order(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, target: Target
 ) -> None:
@@ -157,6 +164,7 @@ def _waiting_from(stats: aiodlock.ClientStatistics) -> int:
     return int(stats.backend.get("waiters", 0))
 
 
+@pytest.mark.requires(Capability.FAIR)
 async def test_cancelled_fair_waiter_does_not_block_the_queue(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, target: Target
 ) -> None:
@@ -186,6 +194,7 @@ async def test_run_exclusive_returns_result_and_guards(
     assert await locks.run_exclusive("nightly", job, 21) == 42
 
 
+@pytest.mark.requires(Capability.COUNTING)
 async def test_statistics_and_repr(locks: aiodlock.LockClient) -> None:
     lock = locks.semaphore("s", limit=2)
     async with lock:

@@ -154,6 +154,9 @@ class Backend(Protocol):
 
     capabilities: ClassVar[frozenset[Capability]]
     options: ClassVar[Mapping[str, type]]
+    queues_on_busy: ClassVar[bool]
+    """True if a ``Busy`` answer leaves ``owner`` queued (ZooKeeper nodes, fair Redis), so a
+    caller that will not wait must ``release`` to leave the queue."""
 
     async def open(self) -> None:
         """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable."""

@@ -131,6 +131,7 @@ class MemoryBackend:
         }
     )
     options: ClassVar[Mapping[str, type]] = {}
+    queues_on_busy: ClassVar[bool] = False  # only fair locks queue, and spec.fair says so
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
         self._store_name = url.hosts[0][0] if url.hosts else ""

@@ -365,6 +365,7 @@ class RedisBackend:
                 print(lease.fencing_token)
     """
 
+    queues_on_busy: ClassVar[bool] = False  # only fair locks queue, and spec.fair says so
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.EXCLUSIVE,

@@ -313,6 +313,7 @@ class ZooKeeperBackend:
                 ...
     """
 
+    queues_on_busy: ClassVar[bool] = True  # every waiter is a node in the queue
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.EXCLUSIVE,
