@@ -1,0 +1,757 @@
+"""The MySQL/MariaDB backend: ``mysql://user:password@host:port/database`` on aiomysql.
+
+Locks are the server's user-level locks (``GET_LOCK``), each held by a **dedicated
+connection**: the lock lives exactly as long as that session, so a crashed process, a killed
+session or a dropped connection frees it at once, and nothing outlives its holder.
+
+**Connection lease.** A grant pins its connection until the release; a pinned connection is
+never lent to anything else (aiomysql's pool would hand a borrower a session that still holds
+a lock — we keep our own small idle list instead, which only ever contains sessions that hold
+nothing). Before the grant is reported, the session's ``wait_timeout`` is set to ``ceil(ttl)``
+seconds, so a holder that stops talking (a stopped process, a stalled event loop, a network
+partition) is disconnected — and its lock freed — by the server itself about ``ttl`` after its
+last keep-alive; the client's own pessimistic deadline passes first. The keep-alive every
+ttl/3 is ``SELECT IS_USED_LOCK(name) = CONNECTION_ID()`` on the pinned connection, and the
+socket is watched: the moment the server closes it (``KILL CONNECTION``, ``wait_timeout``,
+restart), the lease's loss signal is set and the guarded body is cancelled. Nothing ever
+reconnects behind the lock's back (``ping(reconnect=False)``).
+
+**Waiting on the server.** A refused acquisition waits in ``GET_LOCK(name, slice)`` on its own
+connection, in slices of at most ``wait_slice`` seconds (default 1) and never beyond the
+caller's ``timeout``: the server wakes it the moment the lock is free; nothing sleeps on the
+client. When ``GET_LOCK`` succeeds inside a wait, that connection *is* the holder: the
+following attempt of the same acquisition claims it (bumps the fencing token on it) instead of
+releasing and racing for it again. A waiter cancelled mid-query has its connection closed by
+aiomysql, and a background janitor ``KILL``\\s that session so the server stops waiting for it
+at once (otherwise MariaDB notices the disconnect within about a second); a waiter that leaves
+while holding an unclaimed grant releases it first. No orphan lock survives a cancellation at
+any await point.
+
+**Names** (see :mod:`._mysql_names`): ``namespace:family:name`` verbatim when it is at most 64
+lowercase-safe characters, otherwise a readable prefix plus 200 bits of SHA-256 — every name
+fits MySQL's 64-character limit and no server's case folding can merge two locks.
+
+**Fencing.** After ``GET_LOCK`` succeeds, the acquiring connection (autocommit) runs
+``INSERT INTO aiodlock_fence ... VALUES (key, name, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE
+token = LAST_INSERT_ID(token + 1)`` and takes the token from the reply's insert id: one
+atomic, durable bump per grant, in the lock's holder's session. The table (``fence_table``
+option) is created on first use.
+
+**Semaphore** of limit N: N named slots ``name#0`` ... ``name#N-1``. One statement tries them
+in order and stops at the first one it gets (``CASE WHEN GET_LOCK(slot0, 0) = 1 THEN 0 WHEN
+...``); a waiter waits on one slot per slice, starting from one chosen by its owner id and
+moving on each slice, so it is woken at once when *that* slot frees and re-tries all of them
+at least every ``wait_slice``. Reader/writer and fair locks are not offered (``GET_LOCK`` has
+no shared mode and no documented FIFO order): they raise ``UnsupportedError`` when built.
+
+**Failures.** Every aiomysql exception is translated to :class:`~aiodlock.BackendError`,
+chained. A keep-alive that fails because the connection is gone reports the lease lost (the
+lock went with the session), it is not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import zlib
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
+
+from .._exceptions import BackendError, UnsupportedError
+from .._url import check_seconds
+from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
+from ._mysql_names import check_table_name, fence_key, lock_name
+from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+
+if TYPE_CHECKING:
+    from .._url import ParsedURL
+
+__all__ = ["MySQLBackend"]
+
+logger = logging.getLogger("aiodlock.mysql")
+
+_DEFAULT_PORT: Final = 3306
+_DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+_DEFAULT_QUERY_TIMEOUT: Final = 10.0
+_DEFAULT_WAIT_SLICE: Final = 1.0
+_DEFAULT_MAX_CONNECTIONS: Final = 100
+_DEFAULT_MAX_IDLE: Final = 8
+_DEFAULT_FENCE_TABLE: Final = "aiodlock_fence"
+MAX_SEMAPHORE_LIMIT: Final = 256
+"""One named lock per permit, all tried in one statement: keep N reasonable."""
+_PING_AFTER_IDLE: Final = 2.0
+"""Seconds idle after which a pooled connection is pinged (``reconnect=False``) before use."""
+_MAX_WAIT_TIMEOUT: Final = 31_536_000  # the server's upper bound for wait_timeout
+_ER_NO_SUCH_TABLE: Final = 1146
+_ER_NO_SUCH_THREAD: Final = 1094
+
+_FENCE_DDL: Final = """CREATE TABLE IF NOT EXISTS {table} (
+    lock_key BINARY(32) NOT NULL PRIMARY KEY COMMENT 'sha256(namespace NUL name)',
+    lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL COMMENT 'readable, for operators',
+    token BIGINT UNSIGNED NOT NULL COMMENT 'last fencing token handed out'
+) ENGINE=InnoDB COMMENT='aiodlock fencing tokens: one row per lock name'"""
+_FENCE_BUMP: Final = (
+    "INSERT INTO {table} (lock_key, lock_name, token) VALUES (X'{key}', '{label}', "
+    "LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
+)
+
+
+def _family(kind: Kind) -> str:
+    if kind is Kind.MUTEX:
+        return "m"
+    if kind is Kind.SEMAPHORE:
+        return "s"
+    return "rw"  # not served (check() refuses it); kept distinct all the same
+
+
+def _wait_timeout(ttl: float) -> int:
+    """The holder session's ``wait_timeout``: never shorter than the lease."""
+    return max(1, min(math.ceil(ttl), _MAX_WAIT_TIMEOUT))
+
+
+def _check_int(value: object, *, argument: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{argument} must be >= {minimum}, not {value}")
+    return value
+
+
+class _Acquisition:
+    """One acquisition (one owner): its connection, and what that session holds."""
+
+    __slots__ = ("conn", "dropped", "event", "granted", "held", "lost", "start_slot", "waits")
+
+    def __init__(self, owner: str) -> None:
+        self.conn: Conn | None = None
+        self.dropped = False
+        """We closed the holding connection ourselves (a keep-alive was cancelled)."""
+        self.held: str | None = None
+        """The user-lock name the session holds (a semaphore's slot), or None."""
+        self.granted = False
+        """Reported to the core as a Grant (with a fencing token)."""
+        self.lost = False
+        """The lock is known gone (keep-alive refused, connection dropped)."""
+        self.event: asyncio.Event | None = None
+        self.start_slot = zlib.crc32(owner.encode())
+        self.waits = 0
+
+
+class _MySQLWaiter:
+    """Waits on the server: ``GET_LOCK(name, slice)`` on the acquisition's own connection."""
+
+    __slots__ = ("_acq", "_backend", "_spec")
+
+    def __init__(self, backend: MySQLBackend, spec: LockSpec, acq: _Acquisition) -> None:
+        self._backend = backend
+        self._spec = spec
+        self._acq = acq
+
+    async def wait(self, timeout: float | None) -> None:
+        """One server-side wait of at most ``min(timeout, wait_slice)`` seconds."""
+        if self._acq.held is not None:
+            return  # the server already granted it: the next attempt claims it
+        slice_ = self._backend._wait_slice
+        if timeout is not None:
+            if timeout <= 0:
+                return
+            slice_ = min(slice_, timeout)
+        await self._backend._wait_once(self._spec, self._acq, slice_)
+
+
+class MySQLBackend:
+    """Locks on one MySQL or MariaDB server (see the module docstring for the design).
+
+    URL: ``mysql://user:password@host:port/database`` (port 3306 by default; the database
+    holds the fencing table). Options (URL query or keyword):
+
+    - ``connect_timeout`` (seconds, default 10): TCP connect, handshake and authentication;
+    - ``query_timeout`` (seconds, default 10): any one statement, beyond a wait's own slice;
+    - ``wait_slice`` (seconds, default 1): the longest single server-side ``GET_LOCK`` wait;
+    - ``max_connections`` (default 100): connections this client may open (every held lock and
+      every waiting acquisition uses one); at the limit, a new one waits for a free one up to
+      ``connect_timeout``, then fails with ``BackendError``;
+    - ``max_idle`` (default 8): lock-free connections kept for reuse;
+    - ``fence_table`` (default ``aiodlock_fence``): the fencing-token table;
+    - ``unix_socket``: connect through this socket path instead of TCP.
+
+    Example::
+
+        async with aiodlock.connect("mysql://app:secret@db:3306/shop") as locks:
+            async with locks.lock("order:42", ttl=10) as lease:
+                print(lease.fencing_token)
+    """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.EXCLUSIVE,
+            Capability.COUNTING,
+            Capability.FENCING,
+            Capability.SESSION_LEASE,
+            Capability.SERVER_WAKEUP,
+        }
+    )
+    queues_on_busy: ClassVar[bool] = False
+    """A refused ``GET_LOCK(name, 0)`` leaves nothing queued on the server."""
+    options: ClassVar[Mapping[str, type]] = {
+        "connect_timeout": float,
+        "query_timeout": float,
+        "wait_slice": float,
+        "max_connections": int,
+        "max_idle": int,
+        "fence_table": str,
+        "unix_socket": str,
+    }
+
+    def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        if len(url.hosts) > 1:
+            raise ValueError(f"mysql:// takes one host, got {len(url.hosts)}")
+        host, port = url.hosts[0] if url.hosts else ("localhost", None)
+        database = url.path.strip("/")
+        if not database:
+            raise ValueError(
+                "mysql:// url needs a database for the fencing table: "
+                "mysql://user:password@host:3306/database"
+            )
+        unix_socket = options.get("unix_socket")
+        if unix_socket is not None and (not isinstance(unix_socket, str) or not unix_socket):
+            raise TypeError("unix_socket must be a non-empty str (a socket path)")
+
+        def seconds(name: str, default: float) -> float:
+            value = options.get(name)
+            if value is None:
+                return default
+            checked = check_seconds(value, argument=name, allow_none=False)
+            assert checked is not None
+            return checked
+
+        self._connect_timeout = seconds("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
+        self._query_timeout = seconds("query_timeout", _DEFAULT_QUERY_TIMEOUT)
+        self._wait_slice = seconds("wait_slice", _DEFAULT_WAIT_SLICE)
+        self._max_connections = _check_int(
+            options.get("max_connections", _DEFAULT_MAX_CONNECTIONS),
+            argument="max_connections",
+            minimum=1,
+        )
+        self._max_idle = _check_int(
+            options.get("max_idle", _DEFAULT_MAX_IDLE), argument="max_idle", minimum=0
+        )
+        self._table = check_table_name(options.get("fence_table", _DEFAULT_FENCE_TABLE))
+        self._settings = ConnectSettings(
+            host=host or "localhost",
+            port=port or _DEFAULT_PORT,
+            user=url.username,
+            password=url.password,
+            database=database,
+            unix_socket=unix_socket,
+            connect_timeout=self._connect_timeout,
+        )
+        self._password = url.password
+        self._where = url.redacted()
+        self._state = "new"
+        self._tg: asyncio.TaskGroup | None = None
+        self._janitor: asyncio.Task[None] | None = None
+        self._doomed: collections.deque[int] = collections.deque()
+        self._conns: set[Conn] = set()
+        self._idle: collections.deque[Conn] = collections.deque()
+        self._opening = 0
+        self._room: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
+        self._waiting = 0
+        self._server_version = ""
+        self._fractional_timeouts = True
+        """MariaDB takes ``GET_LOCK(name, 0.25)``; MySQL rounds the timeout to whole seconds."""
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def open(self) -> None:
+        """Connect once (bounded by ``connect_timeout``) and learn the server's flavour."""
+        if self._state != "new":
+            raise RuntimeError("a MySQLBackend is opened once")
+        self._state = "open"
+        tg = asyncio.TaskGroup()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            conn = await self._checkout()
+            version = await conn.value("SELECT VERSION()", timeout=self._query_timeout)
+        except BaseException as exc:
+            await self.aclose()
+            self._raise_translated(exc, "connect")
+        self._server_version = str(version)
+        self._fractional_timeouts = "mariadb" in self._server_version.lower()
+        self._checkin(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection (the server frees what they held). Idempotent."""
+        if self._state in ("closing", "closed"):
+            return
+        self._state = "closing"
+        try:
+            if self._janitor is not None:
+                self._janitor.cancel()
+            tg, self._tg = self._tg, None
+            if tg is not None:
+                await tg.__aexit__(None, None, None)
+        finally:
+            for conn in list(self._conns):
+                self._discard(conn)
+            self._idle.clear()
+            self._acqs.clear()
+            self._doomed.clear()
+            for future in self._room:
+                if not future.done():
+                    future.set_result(None)
+            self._state = "closed"
+
+    def check(self, spec: LockSpec) -> None:
+        """Semaphores are N named locks: refuse an unreasonable N when the lock is built."""
+        if spec.kind is Kind.SEMAPHORE and spec.limit > MAX_SEMAPHORE_LIMIT:
+            raise UnsupportedError(
+                f"{self._where} serves semaphores with limit <= {MAX_SEMAPHORE_LIMIT} "
+                f"(one named lock per permit), not {spec.limit}"
+            )
+
+    def describe(self) -> str:
+        """The URL without its password."""
+        return self._where
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Connections (open, idle), locks held, waiting acquisitions, server version."""
+        return {
+            "connections": len(self._conns),
+            "idle": len(self._idle),
+            "held": sum(1 for a in self._acqs.values() if a.granted and not a.lost),
+            "waiters": self._waiting,
+            "server": self._server_version,
+        }
+
+    # ------------------------------------------------------------------ protocol
+
+    async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
+        """``GET_LOCK(name, 0)`` (all slots for a semaphore), then the fencing bump."""
+        self._require_open()
+        ident = _ident(spec, owner)
+        acq = self._acqs.get(ident)
+        waiting = acq is not None  # a waiter of this acquisition owns the connection
+        if acq is None:
+            acq = self._acqs[ident] = _Acquisition(owner)
+        elif acq.granted:
+            raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
+        try:
+            if acq.held is None:
+                if acq.conn is not None and acq.conn.closed:
+                    self._discard(acq.conn)  # the waiter's session ended (server restart...)
+                    acq.conn = None
+                if acq.conn is None:
+                    acq.conn = await self._checkout()
+                acq.held = await self._get_now(spec, acq.conn)
+                if acq.held is None:
+                    if not waiting:
+                        del self._acqs[ident]
+                        self._checkin(acq.conn)
+                        acq.conn = None
+                    return Busy(None)
+            # The session holds the lock now (just taken, or granted inside a wait).
+            assert acq.conn is not None
+            token = await self._bump_fence(spec, acq.conn, ttl)
+        except BaseException as exc:
+            # Outcome unknown (cancelled, connection lost): close the session, which frees
+            # anything it held, so no orphan lock remains whatever happened on the server.
+            self._scrap(acq)
+            if not waiting:
+                self._acqs.pop(ident, None)
+            self._raise_translated(exc, f"acquire of {spec.name!r}")
+        acq.granted = True
+        acq.event = acq.conn.lease_event = asyncio.Event()
+        if acq.conn.peer_closed:  # the server hung up right after the fencing bump
+            acq.event.set()
+        return Grant(token)
+
+    async def release(self, spec: LockSpec, owner: str) -> bool:
+        """``RELEASE_LOCK`` on the holding connection, which then rejoins the idle list."""
+        acq = self._acqs.pop(_ident(spec, owner), None)
+        if acq is None:
+            return False
+        conn = acq.conn
+        if conn is None:
+            # Dropped by our own cancelled keep-alive: the session, and the lock, ended.
+            return acq.granted and acq.dropped and not acq.lost
+        async with conn.io:  # let a keep-alive in flight finish (or be cancelled) first
+            acq.conn = None
+            conn.lease_event = None
+            if conn.closed:
+                self._discard(conn)
+                # Closed by our own cancelled keep-alive: the session ended, the lock with it.
+                return acq.granted and not acq.lost and not conn.peer_closed
+            if acq.held is None:
+                self._checkin(conn)
+                return False
+            return await self._release_on(conn, acq.held)
+
+    async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
+        """``IS_USED_LOCK(name) = CONNECTION_ID()`` on the holding connection."""
+        acq = self._acqs.get(_ident(spec, owner))
+        if acq is None or not acq.granted or acq.lost or acq.held is None:
+            return False
+        conn = acq.conn
+        if conn is None or conn.closed:
+            self._lose(acq)
+            return False
+        async with conn.io:
+            try:
+                ours = await conn.value(
+                    f"SELECT IS_USED_LOCK('{acq.held}') = CONNECTION_ID()", timeout=None
+                )
+                wanted = _wait_timeout(ttl)
+                if ours == 1 and conn.wait_timeout != wanted:
+                    await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=None)
+                    conn.wait_timeout = wanted
+            except DRIVER_ERRORS:
+                # The connection is gone, and the lock went with the session.
+                self._lose(acq)
+                return False
+            except BaseException:
+                # Cancelled (lease released, or the watchdog's deadline): aiomysql closed the
+                # connection, which ends the session and frees the lock.
+                acq.dropped = True
+                self._scrap(acq)
+                raise
+        if ours != 1:
+            self._lose(acq)
+            return False
+        return True
+
+    def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
+        """Set the moment the server closes the holding connection (or a keep-alive fails)."""
+        acq = self._acqs.get(_ident(spec, owner))
+        if acq is None or not acq.granted:
+            return None
+        return acq.event
+
+    @asynccontextmanager
+    async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
+        """Reserve the acquisition's connection; waits run ``GET_LOCK`` on it."""
+        self._require_open()
+        ident = _ident(spec, owner)
+        acq = self._acqs.get(ident)
+        if acq is None:
+            acq = self._acqs[ident] = _Acquisition(owner)
+        self._waiting += 1
+        try:
+            if acq.conn is None:
+                try:
+                    acq.conn = await self._checkout()
+                except BaseException as exc:
+                    self._raise_translated(exc, f"wait for {spec.name!r}")
+            yield _MySQLWaiter(self, spec, acq)
+        finally:
+            self._waiting -= 1
+            if not acq.granted:
+                if self._acqs.get(ident) is acq:
+                    del self._acqs[ident]
+                await self._retire(acq)
+
+    # ------------------------------------------------------------------ lock steps
+
+    async def _get_now(self, spec: LockSpec, conn: Conn) -> str | None:
+        """Try to take the lock (a free slot) without waiting; the name taken, or None."""
+        ns, family, name = spec.namespace, _family(spec.kind), spec.name
+        if spec.kind is not Kind.SEMAPHORE:
+            target = lock_name(ns, family, name)
+            got = await conn.value(f"SELECT GET_LOCK('{target}', 0)", timeout=self._query_timeout)
+            return target if got == 1 else None
+        # CASE stops at the first WHEN that holds: at most one slot is taken.
+        slots = [lock_name(ns, family, name, i) for i in range(spec.limit)]
+        whens = " ".join(f"WHEN GET_LOCK('{slot}', 0) = 1 THEN {i}" for i, slot in enumerate(slots))
+        index = await conn.value(f"SELECT CASE {whens} ELSE -1 END", timeout=self._query_timeout)
+        if index is None or int(index) < 0:
+            return None
+        return slots[int(index)]
+
+    async def _bump_fence(self, spec: LockSpec, conn: Conn, ttl: float) -> int:
+        """Next fencing token, on the holding connection; set its ``wait_timeout`` first."""
+        wanted = _wait_timeout(ttl)
+        if conn.wait_timeout != wanted:
+            await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
+            conn.wait_timeout = wanted
+        sql = _FENCE_BUMP.format(
+            table=self._table,
+            key=fence_key(spec.namespace, spec.name).hex(),
+            label=lock_name(spec.namespace, "f", spec.name),
+        )
+        try:
+            _, token = await conn.query(
+                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE,)
+            )
+        except DRIVER_ERRORS as exc:
+            if error_code(exc) != _ER_NO_SUCH_TABLE:
+                raise
+            await conn.query(_FENCE_DDL.format(table=self._table), timeout=self._query_timeout)
+            _, token = await conn.query(sql, timeout=self._query_timeout)
+        if token < 1:
+            raise BackendError(f"{self._where}: the fencing bump returned no token")
+        return token
+
+    async def _wait_once(self, spec: LockSpec, acq: _Acquisition, slice_: float) -> None:
+        """One ``GET_LOCK(name, slice)``; on success the session holds it (acq.held)."""
+        if acq.conn is not None and acq.conn.closed:
+            self._discard(acq.conn)
+            acq.conn = None
+        if acq.conn is None:
+            try:
+                acq.conn = await self._checkout()
+            except BaseException as exc:
+                self._raise_translated(exc, f"wait for {spec.name!r}")
+        conn = acq.conn
+        ns, family = spec.namespace, _family(spec.kind)
+        if spec.kind is Kind.SEMAPHORE:
+            slot = (acq.start_slot + acq.waits) % spec.limit
+            target = lock_name(ns, family, spec.name, slot)
+        else:
+            target = lock_name(ns, family, spec.name)
+        acq.waits += 1
+        cut_short = False
+        if self._fractional_timeouts:
+            sql = f"SELECT GET_LOCK('{target}', {slice_:.6f})"
+            bound = slice_ + self._query_timeout
+        elif slice_ >= 1:
+            # MySQL takes whole seconds: wait the whole part; the rest is a later slice.
+            whole = int(slice_)
+            sql = f"SELECT GET_LOCK('{target}', {whole})"
+            bound = whole + self._query_timeout
+        else:
+            # Under a second on MySQL: wait one second on the server, give up locally.
+            sql = f"SELECT GET_LOCK('{target}', 1)"
+            bound = slice_
+            cut_short = True
+        try:
+            got = await conn.value(sql, timeout=bound)
+        except BaseException as exc:
+            acq.conn = None
+            self._discard(conn)
+            if cut_short and isinstance(exc, TimeoutError):
+                return  # the janitor ends that session on the server
+            self._raise_translated(exc, f"wait for {spec.name!r}")
+        if got == 1:
+            acq.held = target
+        elif got is None:
+            acq.conn = None
+            self._discard(conn)
+            raise BackendError(f"{self._where}: GET_LOCK of {spec.name!r} failed (session killed?)")
+
+    async def _release_on(self, conn: Conn, held: str) -> bool:
+        """RELEASE_LOCK on ``conn``; keep the connection only if it now holds nothing."""
+        try:
+            released, others = await conn.row(
+                f"SELECT RELEASE_LOCK('{held}'), RELEASE_ALL_LOCKS()",
+                timeout=self._query_timeout,
+            )
+        except BaseException as exc:
+            self._discard(conn)  # closing the session frees the lock anyway
+            if isinstance(exc, DRIVER_ERRORS):
+                return False
+            raise
+        if released == 1 and others == 0:
+            self._checkin(conn)
+        else:
+            self._discard(conn)
+        return bool(released == 1)
+
+    async def _retire(self, acq: _Acquisition) -> None:
+        """A waiter leaves without a grant: free what its session holds, keep nothing."""
+        conn, held = acq.conn, acq.held
+        acq.conn = acq.held = None
+        if conn is None:
+            return
+        if held is None:
+            self._checkin(conn)
+            return
+        with contextlib.suppress(*DRIVER_ERRORS):
+            await self._release_on(conn, held)
+
+    def _lose(self, acq: _Acquisition) -> None:
+        acq.lost = True
+        if acq.event is not None:
+            acq.event.set()
+        if acq.conn is not None and acq.conn.closed:
+            self._discard(acq.conn)
+            acq.conn = None
+
+    def _scrap(self, acq: _Acquisition) -> None:
+        """Close the acquisition's connection: whatever its session held is freed."""
+        conn, acq.conn, acq.held = acq.conn, None, None
+        if conn is not None:
+            conn.lease_event = None
+            self._discard(conn)
+
+    # ------------------------------------------------------------------ connections
+
+    async def _checkout(self) -> Conn:
+        """A connection that holds no lock: a recent idle one, or a new one.
+
+        At ``max_connections``, waits (up to ``connect_timeout``) for one to come back idle or
+        to close.
+        """
+        deadline: float | None = None
+        while True:
+            conn = await self._take_idle()
+            if conn is not None:
+                return conn
+            if len(self._conns) + self._opening < self._max_connections:
+                break
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self._connect_timeout
+            await self._wait_for_room(deadline)
+        self._opening += 1
+        try:
+            conn = await Conn.open(self._settings)
+        except BaseException:
+            self._wake_room()
+            raise
+        finally:
+            self._opening -= 1
+        self._conns.add(conn)
+        return conn
+
+    async def _take_idle(self) -> Conn | None:
+        loop = asyncio.get_running_loop()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: warm, least likely timed out
+            idle_for = loop.time() - conn.idle_since
+            if conn.closed or idle_for > _idle_limit(conn):
+                self._discard(conn)
+                continue
+            if idle_for > _PING_AFTER_IDLE:
+                try:
+                    await conn.ping(timeout=self._query_timeout)
+                except DRIVER_ERRORS:
+                    self._discard(conn)
+                    continue
+                except BaseException:
+                    self._discard(conn)
+                    raise
+            return conn
+        return None
+
+    def _checkin(self, conn: Conn) -> None:
+        """Keep a lock-free connection for reuse (or close it if there is no room)."""
+        if self._state != "open" or conn.closed or self._max_idle == 0:
+            self._discard(conn)
+            return
+        conn.lease_event = None
+        conn.idle_since = asyncio.get_running_loop().time()
+        self._idle.append(conn)
+        while len(self._idle) > self._max_idle:
+            self._discard(self._idle.popleft())
+        self._wake_room()
+
+    def _discard(self, conn: Conn) -> None:
+        """Close ``conn`` for good; a session abandoned mid-query is killed by the janitor."""
+        if conn not in self._conns:
+            conn.close()
+            return
+        self._conns.discard(conn)
+        self._wake_room()
+        with contextlib.suppress(ValueError):
+            self._idle.remove(conn)
+        if conn.abandoned and not conn.peer_closed:
+            self._doom(conn.thread_id)
+        conn.close()
+
+    async def _wait_for_room(self, deadline: float) -> None:
+        """Wait until a connection is checked in or closed (one wakeup per event)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room.append(future)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await future
+        except TimeoutError:
+            raise BackendError(
+                f"{self._where}: all max_connections={self._max_connections} connections "
+                f"stayed busy for {self._connect_timeout:g} s"
+            ) from None
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self._wake_room()  # pass the wakeup we were given on
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._room.remove(future)
+        self._require_open()
+
+    def _wake_room(self) -> None:
+        while self._room:
+            future = self._room.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+
+    # ------------------------------------------------------------------ the janitor
+
+    def _doom(self, thread_id: int) -> None:
+        """Have the server end a session whose reply we abandoned (a wait still running)."""
+        if self._state != "open" or self._tg is None:
+            return
+        self._doomed.append(thread_id)
+        if self._janitor is None or self._janitor.done():
+            self._janitor = self._tg.create_task(self._reap(), name="aiodlock-mysql-janitor")
+
+    async def _reap(self) -> None:
+        # A child of our TaskGroup must never fail: that would cancel the task that opened us.
+        while self._doomed and self._state == "open":
+            try:
+                conn = await self._checkout()
+            except Exception as exc:
+                logger.debug("janitor could not connect to %s: %s", self._where, exc)
+                self._doomed.clear()
+                return
+            try:
+                while self._doomed:
+                    thread_id = self._doomed.popleft()
+                    await conn.query(
+                        f"KILL CONNECTION {int(thread_id)}",
+                        timeout=self._query_timeout,
+                        harmless=(_ER_NO_SUCH_THREAD,),
+                    )
+            except Exception as exc:
+                if error_code(exc) == _ER_NO_SUCH_THREAD:
+                    self._checkin(conn)
+                    continue
+                logger.debug("janitor failed on %s: %s", self._where, exc)
+                self._discard(conn)
+                self._doomed.clear()
+                return
+            self._checkin(conn)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            raise BackendError(f"the mysql backend for {self._where} is {self._state}")
+
+    def _raise_translated(self, exc: BaseException, action: str) -> NoReturn:
+        """Re-raise ``exc``; a driver exception becomes a chained :class:`BackendError`."""
+        if isinstance(exc, DRIVER_ERRORS):
+            detail = str(exc)
+            if self._password:
+                detail = detail.replace(self._password, "***")
+            raise BackendError(
+                f"mysql {action} failed on {self._where}: {type(exc).__name__}: {detail}"
+            ) from exc
+        raise exc
+
+
+def _ident(spec: LockSpec, owner: str) -> tuple[str, str, str, str]:
+    return (spec.namespace, _family(spec.kind), spec.name, owner)
+
+
+def _idle_limit(conn: Conn) -> float:
+    """How long a lock-free connection may idle before its own ``wait_timeout`` is near."""
+    if conn.wait_timeout is None:
+        return math.inf
+    return max(conn.wait_timeout - 0.5, 0.25)

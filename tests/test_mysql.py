@@ -1,0 +1,538 @@
+"""MySQL/MariaDB backend: faults on a real server, names, fencing table, connections, example.
+
+The conformance suite (test_conformance.py, test_kinds.py, test_capabilities.py,
+test_processes.py) runs on this backend through the ``mysql`` target; this file covers what
+is specific to it: ``KILL CONNECTION`` of a holder, a server restart or crash under waiters,
+connections left behind by cancelled waiters (``SHOW PROCESSLIST``), hashed long names, the
+fencing table, the MySQL-8 whole-second timeout path, option checking and the inventory
+example.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+import aiodlock
+from aiodlock.backends import Kind, LockSpec
+from aiodlock.backends._mysql_names import MAX_LOCK_NAME, lock_name
+from aiodlock.backends.mysql import MySQLBackend
+from aiodlock.testing import History
+from tests.servers import free_port
+from tests.support_mysql import MariaDBServer, MySQLProbe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"my{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def probe(mysql_url: str) -> AsyncIterator[MySQLProbe]:
+    made = await MySQLProbe.open(mysql_url)
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def connect(url: str, ns: str, **options: object) -> aiodlock.LockClient:
+    return aiodlock.connect(url, namespace=ns, **options)
+
+
+def backend_of(client: aiodlock.LockClient) -> MySQLBackend:
+    backend = client._backend
+    assert isinstance(backend, MySQLBackend)
+    return backend
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> float:
+    """Poll ``check`` (a server-side condition nothing notifies us of); seconds it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with asyncio.timeout(timeout):
+        while not await check():  # noqa: ASYNC110 - the server notifies nobody of these
+            await asyncio.sleep(0.005)
+    return loop.time() - started
+
+
+# ---------------------------------------------------------------------- KILL CONNECTION
+
+
+async def test_kill_connection_cancels_body_and_next_holder_gets_larger_token(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    loop = asyncio.get_running_loop()
+    history = History()
+    body_cancelled = asyncio.Event()
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        with pytest.raises(aiodlock.LockLostError, match="ended the session"):
+            async with a.lock("stock", ttl=30) as first:
+                with history.hold("a", first.fencing_token):
+                    waiter = asyncio.create_task(b.lock("stock", ttl=30).acquire(timeout=10))
+                    await eventually(lambda: _count_waits(probe, ns, 1))
+                    (thread,) = (await probe.user_locks(ns)).values()
+                    killed_at = loop.time()
+                    # From another task: the loss may cancel this body before KILL's reply.
+                    killer = asyncio.create_task(probe.kill(thread))
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        body_cancelled.set()
+                        raise
+        await killer
+        # With ttl=30 the next keep-alive is 10 s away: the socket watch reported the loss.
+        noticed = loop.time() - killed_at
+        assert noticed < 1.0, noticed
+        assert body_cancelled.is_set() and first.lost.is_set()
+        second = await waiter  # woken by the server when the killed session's lock went
+        with history.hold("b", second.fencing_token):
+            assert second.fencing_token > first.fencing_token
+            assert await a.lock("stock").try_acquire() is None
+        await second.release()
+    history.check(max_holders=1)
+    assert await probe.leftovers(ns) == []
+
+
+async def test_killed_semaphore_slot_is_lost_and_refilled(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        one = await a.semaphore("pool", limit=2).acquire()
+        two = await b.semaphore("pool", limit=2).acquire()
+        held = await probe.user_locks(ns)
+        assert sorted(held) == [lock_name(ns, "s", "pool", 0), lock_name(ns, "s", "pool", 1)]
+        await probe.kill(held[lock_name(ns, "s", "pool", 0)])
+        await asyncio.wait_for(one.lost.wait(), 2)
+        assert two.held
+        three = await b.semaphore("pool", limit=2).acquire(timeout=2)
+        assert three.fencing_token > two.fencing_token > one.fencing_token
+        for lease in (two, three):
+            await lease.release()
+        with pytest.raises(aiodlock.LockNotOwnedError):
+            await one.release()
+    assert await probe.leftovers(ns) == []
+
+
+# ---------------------------------------------------------------------- restart / crash
+
+
+@pytest.fixture(scope="module")
+def restartable() -> Iterator[MariaDBServer]:
+    """A server of its own: restarting the session's server would disturb other tests."""
+    with MariaDBServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("fault", ["restart", "crash"])
+async def test_server_restart_under_waiters_never_gives_two_holders(
+    restartable: MariaDBServer, ns: str, fault: str
+) -> None:
+    url = restartable.url
+    history = History()
+    outcomes: list[str] = []
+    entered = asyncio.Event()
+
+    async def holder(client: aiodlock.LockClient) -> None:
+        try:
+            async with client.lock("job", ttl=2) as lease:
+                with history.hold("holder", lease.fencing_token):
+                    entered.set()
+                    await asyncio.sleep(60)
+        except aiodlock.LockLostError:
+            outcomes.append("holder lost")
+
+    async def waiter(client: aiodlock.LockClient, i: int) -> None:
+        try:
+            async with client.lock("job", ttl=2, timeout=30) as lease:
+                with history.hold(f"w{i}", lease.fencing_token):
+                    await asyncio.sleep(0.02)
+            outcomes.append("acquired")
+        except aiodlock.BackendError:
+            outcomes.append("backend error")
+
+    async with connect(url, ns) as a, connect(url, ns) as b:
+        hold_task = asyncio.create_task(holder(a))
+        await entered.wait()
+        waiters = [asyncio.create_task(waiter(a if i % 2 else b, i)) for i in range(6)]
+        probe = await MySQLProbe.open(url)
+        try:
+            await eventually(lambda: _count_waits(probe, ns, 6))
+        finally:
+            await probe.aclose()
+        if fault == "restart":
+            await asyncio.to_thread(restartable.restart)
+        else:
+            await asyncio.to_thread(lambda: restartable.kill().start())
+        async with asyncio.timeout(60):
+            await asyncio.gather(hold_task, *waiters)
+        # The clients are usable again, and the fencing table survived: tokens keep growing.
+        async with a.lock("job", timeout=10) as after:
+            assert after.fencing_token > max(h.token for h in history.holds)
+    assert outcomes.count("holder lost") == 1, outcomes
+    assert len(outcomes) == 7 and set(outcomes) <= {"holder lost", "acquired", "backend error"}
+    history.check(max_holders=1)
+
+
+async def _count_waits(probe: MySQLProbe, ns: str, count: int) -> bool:
+    return len(await probe.waits(ns)) >= count
+
+
+# ---------------------------------------------------------------------- connections
+
+
+async def test_hundred_cancelled_waiters_leave_no_connection(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    baseline = await probe.sessions()
+    async with connect(mysql_url, ns) as owner, connect(mysql_url, ns, max_connections=150) as c:
+        lease = await owner.lock("hot").acquire()
+        tasks = [asyncio.create_task(c.lock("hot").acquire()) for _ in range(100)]
+        await eventually(lambda: _count_waits(probe, ns, 100), timeout=20)
+        assert backend_of(c).statistics()["waiters"] == 100
+        assert await probe.sessions() >= baseline + 101
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        # The janitor KILLs the abandoned sessions: the server stops waiting at once.
+        took = await eventually(lambda: _count_waits_below(probe, ns, 1))
+        assert took < 2.0, took
+        assert backend_of(c).statistics()["waiters"] == 0
+        # Whatever the client still has open is its small idle list, holding nothing.
+        mine = (
+            backend_of(c).statistics()["connections"]
+            + backend_of(owner).statistics()["connections"]
+        )
+        assert backend_of(c).statistics()["connections"] <= 8
+        await eventually(lambda: _sessions_are(probe, baseline + mine))
+        await lease.release()
+    await eventually(lambda: _sessions_are(probe, baseline))
+    assert await probe.leftovers(ns) == []
+
+
+async def _count_waits_below(probe: MySQLProbe, ns: str, count: int) -> bool:
+    return len(await probe.waits(ns)) < count
+
+
+async def _sessions_are(probe: MySQLProbe, count: int) -> bool:
+    return await probe.sessions() == count
+
+
+async def test_idle_connections_never_hold_a_lock(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """The pool trap of aiomysql: a reused session must not carry a lock along."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        for i in range(30):
+            lease = await a.lock(f"n{i % 3}").acquire()
+            assert await b.lock(f"n{i % 3}").try_acquire() is None
+            task = asyncio.create_task(b.lock(f"n{i % 3}").acquire())
+            await asyncio.sleep(0.002 * (i % 4))
+            await lease.release()
+            if i % 2:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await (await task).release()
+        idle = {c.thread_id for c in backend_of(a)._idle} | {
+            c.thread_id for c in backend_of(b)._idle
+        }
+        assert idle
+        holders = set((await probe.user_locks(ns)).values())
+        assert not idle & holders
+        assert backend_of(a).statistics()["held"] == backend_of(b).statistics()["held"] == 0
+    assert await probe.leftovers(ns) == []
+
+
+async def test_max_connections_bounds_the_client(mysql_url: str, ns: str) -> None:
+    async with connect(mysql_url, ns, max_connections=2, connect_timeout=0.3) as c:
+        one = await c.lock("a").acquire()
+        two = await c.lock("b").acquire()
+        with pytest.raises(aiodlock.BackendError, match="max_connections=2"):
+            await c.lock("c").try_acquire()
+        third = asyncio.create_task(c.lock("c").acquire())
+        await asyncio.sleep(0.05)
+        await one.release()  # its connection goes idle and is reused for "c"
+        await (await third).release()
+        await two.release()
+        assert backend_of(c).statistics()["connections"] <= 2
+
+
+async def test_release_while_a_keep_alive_is_in_flight(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """Release cancels the keep-alive; one caught mid-query closes the session: still released."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        for i in range(150):
+            lease = await a.lock("busy", ttl=0.03).acquire()  # a keep-alive every 10 ms
+            await asyncio.sleep(0.001 * (i % 13))
+            try:
+                await lease.release()
+            except aiodlock.LockNotOwnedError:
+                assert lease.lost.is_set()  # only a lease really lost (a stalled loop) may say so
+            again = await b.lock("busy").acquire(timeout=2)
+            await again.release()
+    assert await probe.leftovers(ns) == []
+
+
+# ---------------------------------------------------------------------- the waiting handoff
+
+
+async def test_waiter_leaving_with_an_unclaimed_server_grant_releases_it(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """GET_LOCK succeeded inside wait(), then the acquisition went away before claiming it."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        backend = backend_of(b)
+        spec = LockSpec(ns, "handoff", Kind.MUTEX)
+        holder = await a.lock("handoff").acquire()
+        for how in ("normal exit", "cancelled"):
+            owner = uuid.uuid4().hex
+            assert isinstance(await backend.try_acquire(spec, owner, 5.0), aiodlock.backends.Busy)
+            with pytest.raises(asyncio.CancelledError) if how == "cancelled" else _nothing():
+                async with backend.waiter(spec, owner) as waiter:
+                    await holder.release()
+                    await waiter.wait(5)  # the server grants it to this connection
+                    assert len(await probe.user_locks(ns)) == 1
+                    if how == "cancelled":
+                        raise asyncio.CancelledError
+            assert await probe.user_locks(ns) == {}, how
+            assert await backend.release(spec, owner) is False
+            holder = await a.lock("handoff").acquire(timeout=1)
+        await holder.release()
+    assert await probe.leftovers(ns) == []
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_grant_inside_wait_is_claimed_not_raced(mysql_url: str, ns: str) -> None:
+    """The connection that GET_LOCK'd during the wait is the holder: no release-then-race."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        holder = await a.lock("h").acquire()
+        waiting = asyncio.create_task(b.lock("h").acquire(timeout=5))
+        await asyncio.sleep(0.05)
+        waiting_conns = backend_of(b).statistics()["connections"]
+        await holder.release()
+        lease = await waiting
+        assert backend_of(b).statistics()["connections"] == waiting_conns
+        assert lease.fencing_token == holder.fencing_token + 1
+        await lease.release()
+
+
+async def test_mysql8_whole_second_timeouts(mysql_url: str, ns: str, probe: MySQLProbe) -> None:
+    """MySQL rounds GET_LOCK's timeout to seconds: sub-second waits are cut on the client."""
+    loop = asyncio.get_running_loop()
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        backend_of(b)._fractional_timeouts = False  # behave as against MySQL 8
+        holder = await a.lock("w").acquire()
+        started = loop.time()
+        with pytest.raises(aiodlock.LockTimeoutError):
+            await b.lock("w").acquire(timeout=0.3)
+        assert 0.3 - 1e-3 <= loop.time() - started < 0.9  # uvloop keeps time in whole ms
+        waiting = asyncio.create_task(b.lock("w").acquire(timeout=5))
+        await asyncio.sleep(0.1)
+        await holder.release()
+        lease = await waiting
+        await lease.release()
+    assert await probe.leftovers(ns) == []
+
+
+async def test_semaphore_waiter_notices_any_freed_slot_within_a_slice(
+    mysql_url: str, ns: str
+) -> None:
+    """A waiter waits on one slot per slice: any other freed slot is seen by the slice's end."""
+    loop = asyncio.get_running_loop()
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns, wait_slice=0.3) as b:
+        for victim in range(3):  # slots are taken in order: lease i holds slot i
+            leases = [await a.semaphore("sem", limit=3).acquire() for _ in range(3)]
+            waiting = asyncio.create_task(b.semaphore("sem", limit=3).acquire(timeout=5))
+            await asyncio.sleep(0.05)
+            released_at = loop.time()
+            await leases.pop(victim).release()
+            got = await waiting
+            assert loop.time() - released_at < 0.3 + 0.2
+            for lease in [got, *leases]:
+                await lease.release()
+
+
+# ---------------------------------------------------------------------- names
+
+
+async def test_long_names_are_hashed_and_do_not_collide(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    stem = "order/" + "x" * 120
+    names = [stem + "a", stem + "b", "Order:42", "order:42", "ünï", "uni", "a b", "a_b"]
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        leases = [await (a if i % 2 else b).lock(n).acquire(timeout=2) for i, n in enumerate(names)]
+        for name in names:  # each is held, by exactly one of them
+            assert await a.lock(name).try_acquire() is None
+        held = await probe.user_locks(ns)
+        assert len(held) == len(names)
+        assert all(len(n) <= MAX_LOCK_NAME and n.isascii() for n in held)
+        assert lock_name(ns, "m", stem + "a") in held and "~" in lock_name(ns, "m", stem + "a")
+        sems = [await a.semaphore(stem + s, limit=2).acquire() for s in "ab"]
+        assert len(await probe.user_locks(ns)) == len(names) + 2
+        for lease in leases + sems:
+            await lease.release()
+    assert await probe.leftovers(ns) == []
+
+
+def test_name_encoding() -> None:
+    assert lock_name("shop", "m", "order:42") == "shop:m:order:42"
+    assert lock_name("shop", "s", "quota", 3) == "shop:s:quota#3"
+    hashed = lock_name("shop", "m", "Order:42")
+    assert hashed.startswith("shop:m:order:42~") and len(hashed) == len("shop:m:order:42~") + 40
+    long_a, long_b = (lock_name("ns", "m", "y" * 200 + c) for c in "ab")
+    assert long_a != long_b and len(long_a) == len(long_b) == MAX_LOCK_NAME
+    assert long_a[:23] == long_b[:23]  # same readable prefix; the hash tells them apart
+    # A slot suffix and a name that looks like one stay apart.
+    assert lock_name("ns", "s", "a#1", 0) != lock_name("ns", "s", "a", 1)
+    assert lock_name("ns", "m", "x", None) != lock_name("ns", "s", "x", 0)
+
+
+async def test_mutex_and_semaphore_families_are_independent(mysql_url: str, ns: str) -> None:
+    async with connect(mysql_url, ns) as a, a.lock("x"), a.semaphore("x", limit=1):
+        pass
+
+
+# ---------------------------------------------------------------------- fencing table
+
+
+async def test_fencing_table_is_created_on_first_use(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    table = f"fence_{uuid.uuid4().hex[:12]}"
+    exists = f"SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_NAME = '{table}'"
+    assert (await probe.rows(exists))[0][0] == 0
+    try:
+        async with connect(mysql_url, ns, fence_table=table) as a:
+            tokens = []
+            for _ in range(3):
+                async with a.lock("t") as lease:
+                    tokens.append(lease.fencing_token)
+            async with a.semaphore("t", limit=2) as lease:  # the families share the row
+                tokens.append(lease.fencing_token)
+        assert tokens == [1, 2, 3, 4]
+        assert (await probe.rows(exists))[0][0] == 1
+        assert (await probe.rows(f"SELECT token FROM {table}")) == [(4,)]
+    finally:
+        await probe.rows(f"DROP TABLE IF EXISTS {table}")
+
+
+# ---------------------------------------------------------------------- URL and options
+
+
+async def test_password_never_shows(mysql_url: str, ns: str) -> None:
+    secret = MariaDBServer.password
+    quoted = quote(secret, safe="")
+
+    def clean(text: str) -> None:
+        assert secret not in text and quoted not in text, text
+
+    async with connect(mysql_url, ns) as c:
+        clean(repr(c))
+        clean(repr(c.lock("x")))
+        clean(c._backend.describe())
+        clean(str(c.statistics()))
+        assert "***" in repr(c)
+    wrong = quote("wrong" + secret, safe="")
+    bad = mysql_url.replace(quoted, wrong)
+    with pytest.raises(aiodlock.BackendError) as info:
+        async with connect(bad, ns):
+            pass
+    clean(str(info.value))
+    assert wrong not in str(info.value) and "wrong" + secret not in str(info.value)
+    assert info.value.__cause__ is not None
+    unreachable = mysql_url.rsplit("@", 1)[0] + f"@127.0.0.1:{free_port()}/db"
+    with pytest.raises(aiodlock.BackendError) as info:
+        async with connect(unreachable, ns, connect_timeout=2):
+            pass
+    clean(str(info.value))
+
+
+async def test_unix_socket_option(mariadb_server: MariaDBServer, ns: str) -> None:
+    password = quote(MariaDBServer.password, safe="")
+    url = (
+        f"mysql://{MariaDBServer.user}:{password}@localhost/{MariaDBServer.database}"
+        f"?unix_socket={mariadb_server.socket_path}&wait_slice=0.5"
+    )
+    async with connect(url, ns) as a, connect(mariadb_server.url, ns) as b:
+        async with a.lock("sock") as lease:
+            assert await b.lock("sock").try_acquire() is None
+        assert lease.fencing_token >= 1
+
+
+@pytest.mark.parametrize(
+    ("url_tail", "options", "error", "message"),
+    [
+        ("", {}, ValueError, "needs a database"),
+        ("/db", {"wait_slice": 0}, ValueError, "wait_slice must be > 0"),
+        ("/db", {"max_connections": 0}, ValueError, "max_connections must be >= 1"),
+        ("/db", {"max_idle": "many"}, TypeError, "max_idle must be an int"),
+        ("/db", {"fence_table": "f; DROP TABLE x"}, ValueError, "fence_table"),
+        ("/db", {"unix_socket": 3}, TypeError, "unix_socket"),
+        ("/db?wait_slice=soon", {}, ValueError, "wait_slice must be a number"),
+        ("/db", {"pool_size": 3}, TypeError, "unknown option 'pool_size'"),
+    ],
+)
+def test_bad_options_fail_at_connect(
+    url_tail: str, options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        aiodlock.connect(f"mysql://u:secret@127.0.0.1:1{url_tail}", **options)
+
+
+def test_unsupported_kinds_fail_at_construction() -> None:
+    client = aiodlock.connect("mysql://u:secret@127.0.0.1:1/db")
+    for build in (
+        lambda: client.read_lock("x"),
+        lambda: client.write_lock("x"),
+        lambda: client.lock("x", fair=True),
+        lambda: client.semaphore("x", limit=257),
+    ):
+        with pytest.raises(aiodlock.UnsupportedError) as info:
+            build()
+        assert "secret" not in str(info.value)
+
+
+# ---------------------------------------------------------------------- the example
+
+
+def test_inventory_example_is_exact(mysql_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "examples/inventory.py", "--url", mysql_url],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {
+        line[:2]: line
+        for line in result.stdout.splitlines()
+        if line[:2] in {"1.", "2.", "3.", "4."}
+    }
+    assert "LOST" in rows["1."] and "OVERSOLD" in rows["1."], result.stdout  # the race is real
+    for strategy in ("2.", "3.", "4."):
+        assert rows[strategy].rstrip().endswith("exact"), result.stdout
+    assert MariaDBServer.password not in result.stdout + result.stderr
