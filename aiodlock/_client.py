@@ -62,8 +62,9 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
                 ...
 
     Args:
-        url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``. Query parameters
-            are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
+        url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
+            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``.
+            Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
         **options: ``namespace`` (default ``"aiodlock"``), ``ttl`` (lease seconds, default
             30, renewed every ttl/3), ``timeout`` (default acquire wait, ``None`` = forever),
             ``max_hold`` (stop renewing after this many seconds), and the backend's own
