@@ -1,0 +1,57 @@
+"""aiodlock itself, on any backend: ``async with locks.lock(name, ttl=...)``."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+import aiodlock
+
+from .base import AsyncAdapter, Endpoint
+
+__all__ = ["AiodlockAdapter"]
+
+NAMESPACE = "bench"
+
+
+class AiodlockAdapter(AsyncAdapter):
+    """One :class:`aiodlock.LockClient`; ``query`` is appended to the URL (``wakeup=blpop``).
+
+    ``fair="1"`` takes ``locks.lock(name, fair=True)`` (FIFO handoff) instead.
+    """
+
+    backend = "any"
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        query: str = "",
+        fair: str = "",
+        session_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(endpoint)
+        self.fair = bool(fair)
+        params = [query] if query else []
+        if endpoint.backend == "zookeeper":
+            params.append(f"session_timeout={session_timeout:g}")
+        self.url = endpoint.url + ("?" + "&".join(params) if params else "")
+        self._client: aiodlock.LockClient | None = None
+
+    @property
+    def client(self) -> aiodlock.LockClient:
+        assert self._client is not None, "not open"
+        return self._client
+
+    async def open(self) -> None:
+        client = aiodlock.connect(self.url, namespace=NAMESPACE)
+        self._client = await client.__aenter__()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self.client.lock(name, ttl=ttl, fair=self.fair)
+
+    def server_key(self, name: str) -> str | None:
+        return f"{{{NAMESPACE}:{name}}}" if self.endpoint.backend == "redis" else None

@@ -1,0 +1,98 @@
+"""The interface every library is measured through: open, hold a named lock, close.
+
+An adapter wraps one library (or the raw server commands) for one server. ``hold(name,
+ttl=...)`` is a context manager whose entry acquires the lock, waiting as long as it takes, and
+whose exit releases it: the library's own idiomatic acquire and release, nothing added.
+Asynchronous libraries implement :class:`AsyncAdapter`; blocking ones :class:`SyncAdapter`
+(the scenarios run them in threads).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import ClassVar
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["POOL_SIZE", "AsyncAdapter", "Endpoint", "SyncAdapter"]
+
+POOL_SIZE = 2000
+"""Connection-pool ceiling given to the incumbents' redis-py clients. redis-py 8 defaults to
+100, and then 900 of 1000 concurrent waiters fail with ``MaxConnectionsError``: raised so that
+the waiters scenario measures what they cost rather than where they break."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a server listens, as aiodlock's URL (the other clients take its parts)."""
+
+    backend: str
+    url: str
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        port = urlsplit(self.url).port
+        assert port is not None, self.url
+        return port
+
+    @property
+    def hosts(self) -> str:
+        """``host:port``, as ZooKeeper clients take it."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def user(self) -> str:
+        return unquote(urlsplit(self.url).username or "")
+
+    @property
+    def password(self) -> str:
+        return unquote(urlsplit(self.url).password or "")
+
+    @property
+    def database(self) -> str:
+        return urlsplit(self.url).path.strip("/")
+
+
+class _Adapter:
+    #: The server it talks to: "redis", "zookeeper", "mysql" or "none".
+    backend: ClassVar[str]
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+
+    def server_key(self, name: str) -> str | None:
+        """The Redis key whose expiry frees lock ``name`` (for the handoff scenario)."""
+        return None
+
+
+class AsyncAdapter(_Adapter, ABC):
+    """An asyncio library: one instance is one client (its connections) in one process."""
+
+    @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        """Acquire ``name`` on entry (waiting as long as needed), release it on exit."""
+
+
+class SyncAdapter(_Adapter, ABC):
+    """A blocking library: one instance is one client, shared by the threads of a process."""
+
+    @abstractmethod
+    def open(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def hold(self, name: str, *, ttl: float) -> AbstractContextManager[object]:
+        """Acquire ``name`` on entry (waiting as long as needed), release it on exit."""

@@ -1,0 +1,151 @@
+"""The raw floor: the server commands a lock needs, sent with the same client, no library.
+
+Each one takes the lock only when it is free (the uncontended scenario); it never waits.
+
+- Redis (redis.asyncio, set up as aiodlock sets it up: RESP2, no retries, ``execute_command``
+  directly): ``SET name token NX PX ttl``, then a compare-and-delete script by ``EVALSHA``.
+- ZooKeeper (aiozk): create an ephemeral sequential node, ``get_children`` of its parent
+  (the lock check), delete the node.
+- MySQL (aiomysql): ``SELECT GET_LOCK(name, 0)`` and ``SELECT RELEASE_LOCK(name)`` on one
+  connection, through one cursor.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from .base import AsyncAdapter, Endpoint
+
+__all__ = ["RawMySQL", "RawRedis", "RawZooKeeper"]
+
+COMPARE_AND_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class NotFreeError(RuntimeError):
+    """The raw floor found the lock taken: it does not wait."""
+
+
+class RawRedis(AsyncAdapter):
+    backend = "redis"
+
+    def __init__(self, endpoint: Endpoint, **_: object) -> None:
+        super().__init__(endpoint)
+        self._redis: Any = None
+        self._sha = ""
+
+    async def open(self) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self._redis = aioredis.Redis(
+            host=self.endpoint.host, port=self.endpoint.port, protocol=2,
+            retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
+        self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(name, max(1, math.ceil(ttl * 1000)))
+
+    @asynccontextmanager
+    async def _hold(self, name: str, ms: int) -> AsyncIterator[object]:
+        token = secrets.token_hex(12)
+        execute = self._redis.execute_command
+        if not await execute("SET", name, token, "NX", "PX", ms):
+            raise NotFreeError(name)
+        try:
+            yield token
+        finally:
+            await execute("EVALSHA", self._sha, 1, name, token)
+
+    def server_key(self, name: str) -> str | None:
+        return name
+
+
+class RawZooKeeper(AsyncAdapter):
+    backend = "zookeeper"
+    root = "/bench-raw"
+
+    def __init__(self, endpoint: Endpoint, *, session_timeout: float = 10.0) -> None:
+        super().__init__(endpoint)
+        self._session_timeout = session_timeout
+        self._client: Any = None
+        self._parents: set[str] = set()
+
+    async def open(self) -> None:
+        from aiozk import ZKClient
+
+        self._client = ZKClient(self.endpoint.hosts, session_timeout=self._session_timeout)
+        await self._client.start()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(name)
+
+    @asynccontextmanager
+    async def _hold(self, name: str) -> AsyncIterator[object]:
+        parent = f"{self.root}/{name}"
+        if parent not in self._parents:  # once per name, outside the measured loop
+            await self._client.ensure_path(parent)
+            self._parents.add(parent)
+        node = await self._client.create(f"{parent}/lock-", ephemeral=True, sequential=True)
+        try:
+            children = await self._client.get_children(parent)
+            if min(children) != node.rpartition("/")[2]:
+                raise NotFreeError(name)
+            yield node
+        finally:
+            await self._client.delete(node)
+
+
+class RawMySQL(AsyncAdapter):
+    backend = "mysql"
+
+    def __init__(self, endpoint: Endpoint, **_: object) -> None:
+        super().__init__(endpoint)
+        self._conn: Any = None
+        self._cursor: Any = None
+
+    async def open(self) -> None:
+        import aiomysql
+
+        e = self.endpoint
+        self._conn = await aiomysql.connect(
+            host=e.host, port=e.port, user=e.user, password=e.password, db=e.database,
+            autocommit=True,
+        )  # fmt: skip
+        self._cursor = await self._conn.cursor()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._cursor.close()
+            self._conn.close()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(name)
+
+    @asynccontextmanager
+    async def _hold(self, name: str) -> AsyncIterator[object]:
+        await self._cursor.execute("SELECT GET_LOCK(%s, 0)", (name,))
+        (got,) = await self._cursor.fetchone()
+        if got != 1:
+            raise NotFreeError(name)
+        try:
+            yield name
+        finally:
+            await self._cursor.execute("SELECT RELEASE_LOCK(%s)", (name,))
+            await self._cursor.fetchone()

@@ -1,0 +1,144 @@
+"""Scenario 2: K workers in one process take turns on one lock, each holding it ``section`` s.
+
+Runs for ``duration`` seconds. Throughput counts grants inside that window; the wait of every
+acquisition started inside the window is recorded, including those granted after it closed
+(leaving them out would flatter an unfair library). Efficiency = throughput * section (the
+fraction of the window the lock was doing useful work; 1.0 is the ideal). Holders are counted
+in-process, so an overlap of two holders here is reported as a violation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..adapters.base import AsyncAdapter, SyncAdapter
+from ..stats import summary_ms
+
+__all__ = ["Tally", "run_async", "run_threads"]
+
+
+@dataclass
+class Tally:
+    """What the workers of one run saw; merged across processes by :meth:`merge`."""
+
+    start: float
+    end: float
+    grants: int = 0
+    waits: list[float] = field(default_factory=list)
+    inside: int = 0
+    violations: int = 0
+    stalled: bool = False
+
+    def result(self, section: float) -> dict[str, object]:
+        throughput = self.grants / (self.end - self.start)
+        return {
+            "grants": self.grants,
+            "throughput": throughput,
+            "efficiency": throughput * section,
+            **{f"wait_{k}": v for k, v in summary_ms(self.waits).items()},
+            "violations": self.violations,
+            "stalled": self.stalled,
+        }
+
+    def to_json(self) -> dict[str, object]:
+        return {"grants": self.grants, "waits": self.waits, "stalled": self.stalled}
+
+    def merge(self, other: dict[str, object]) -> None:
+        grants, waits = other["grants"], other["waits"]
+        assert isinstance(grants, int)
+        assert isinstance(waits, list)
+        self.grants += grants
+        self.waits.extend(waits)
+        self.stalled = self.stalled or bool(other["stalled"])
+
+
+async def run_async(
+    adapter: AsyncAdapter,
+    name: str,
+    *,
+    workers: int,
+    duration: float,
+    section: float,
+    ttl: float,
+    start: float | None = None,
+    grace: float = 10.0,
+) -> Tally:
+    """``workers`` tasks from ``start`` (default: now) for ``duration`` seconds."""
+    clock = time.perf_counter
+    begin = clock() if start is None else start
+    tally = Tally(begin, begin + duration)
+
+    async def worker() -> None:
+        while (requested := clock()) < tally.end:
+            async with adapter.hold(name, ttl=ttl):
+                granted = clock()
+                tally.inside += 1
+                if tally.inside > 1:
+                    tally.violations += 1
+                tally.waits.append(granted - requested)
+                if granted < tally.end:
+                    tally.grants += 1
+                await asyncio.sleep(section)
+                tally.inside -= 1
+
+    if begin > clock():
+        await asyncio.sleep(begin - clock())
+    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, tally.end - clock()) + grace)
+    for task in pending:
+        task.cancel()
+    tally.stalled = bool(pending)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return tally
+
+
+def run_threads(
+    adapter: SyncAdapter,
+    name: str,
+    *,
+    workers: int,
+    duration: float,
+    section: float,
+    ttl: float,
+    grace: float = 10.0,
+) -> Tally:
+    """``workers`` threads for ``duration`` seconds (daemon threads: a stall cannot hang us)."""
+    clock = time.perf_counter
+    begin = clock()
+    tally = Tally(begin, begin + duration)
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while (requested := clock()) < tally.end:
+                with adapter.hold(name, ttl=ttl):
+                    granted = clock()
+                    with guard:
+                        tally.inside += 1
+                        if tally.inside > 1:
+                            tally.violations += 1
+                        tally.waits.append(granted - requested)
+                        if granted < tally.end:
+                            tally.grants += 1
+                    time.sleep(section)
+                    with guard:
+                        tally.inside -= 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, tally.end + grace - clock()))
+    tally.stalled = any(thread.is_alive() for thread in threads)
+    if errors:
+        raise errors[0]
+    return tally

@@ -1,0 +1,92 @@
+"""The servers of one run, started with the test harness's own classes on free loopback ports.
+
+Redis from ``tests/servers.py``, ZooKeeper from ``tests/support_zookeeper.py`` and MariaDB from
+``tests/support_mysql.py``. A server that cannot start makes its backend's rows unavailable
+(the reason goes into the report); it never stops the other backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .adapters.base import Endpoint
+from .scenarios.probes import zookeeper_word
+
+__all__ = ["Server", "started"]
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A running server (``endpoint``), or why there is none (``error``)."""
+
+    backend: str
+    endpoint: Endpoint | None
+    version: str = ""
+    error: str = ""
+
+
+def _redis() -> tuple[Any, Endpoint, str]:
+    from tests.servers import RedisServer
+
+    server = RedisServer().start()
+    import redis
+
+    client = redis.Redis(host=server.host, port=server.port)
+    try:
+        version = f"Redis {client.info('server')['redis_version']}"
+    finally:
+        client.close()
+    return server, Endpoint("redis", server.url), version
+
+
+def _zookeeper() -> tuple[Any, Endpoint, str]:
+    from tests.support_zookeeper import ZooKeeperServer
+
+    server = ZooKeeperServer().start()
+    answer = zookeeper_word(server.host, server.port, "srvr")
+    match = re.search(r"Zookeeper version: ([^\s,-]+)", answer)
+    version = f"ZooKeeper {match.group(1) if match else '?'} (standalone, tick {server.tick_ms} ms)"
+    return server, Endpoint("zookeeper", server.url), version
+
+
+def _mysql() -> tuple[Any, Endpoint, str]:
+    import pymysql  # type: ignore[import-untyped]  # comes with aiomysql, untyped
+
+    from tests.support_mysql import MariaDBServer
+
+    server = MariaDBServer().start()
+    conn = pymysql.connect(**{k: v for k, v in server.connect_kwargs().items() if k != "db"})
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT VERSION()")
+            (version,) = cursor.fetchone()
+    finally:
+        conn.close()
+    return server, Endpoint("mysql", server.url), f"MariaDB {version}"
+
+
+_STARTERS: dict[str, Callable[[], tuple[Any, Endpoint, str]]] = {
+    "redis": _redis,
+    "zookeeper": _zookeeper,
+    "mysql": _mysql,
+}
+
+
+@contextlib.contextmanager
+def started(backends: Sequence[str]) -> Iterator[dict[str, Server]]:
+    """Start one server per backend; stop them all on exit."""
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, Server] = {}
+        for backend in backends:
+            try:
+                process, endpoint, version = _STARTERS[backend]()
+            except Exception as exc:  # reported, not raised: the other backends still run
+                servers[backend] = Server(backend, None, error=f"{type(exc).__name__}: {exc}")
+                continue
+            stack.callback(process.close)
+            servers[backend] = Server(backend, endpoint, version)
+        yield servers
