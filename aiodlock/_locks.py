@@ -42,8 +42,8 @@ Ts = TypeVarTuple("Ts")
 logger = logging.getLogger("aiodlock")
 
 RELEASE_TIMEOUT: Final = 5.0
-"""Seconds a shielded release (or compensating release) may take before it is abandoned to
-the lease's own expiry."""
+"""Seconds a background (compensating) release may take before it is abandoned to the
+lease's own expiry."""
 
 
 class _Unset:

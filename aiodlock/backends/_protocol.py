@@ -36,7 +36,9 @@ The contract, per method:
     wakeups are allowed (the caller always re-checks). Leaving it unsubscribes; it must leave
     nothing behind even when cancelled.
 
-Driver exceptions are translated to :class:`~aiodlock.BackendError` inside the backend.
+Every call is bounded in time by the backend itself (connect, request or socket timeouts):
+the core adds no timer of its own on the hot path. Driver exceptions are translated to
+:class:`~aiodlock.BackendError` inside the backend.
 """
 
 from __future__ import annotations
