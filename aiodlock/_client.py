@@ -149,6 +149,8 @@ class LockClient:
         self._keepers: dict[Lease, tuple[_LockBase, asyncio.Task[None]]] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
         self._reentry: dict[tuple[Kind, str, asyncio.Task[Any]], list[Any]] = {}
+        # Per exclusive lock: a FIFO turn among this client's tasks, and how many use it.
+        self._turns: dict[tuple[Kind, str], tuple[asyncio.Lock, list[int]]] = {}
 
     # ------------------------------------------------------------------ lifetime
 
@@ -402,6 +404,23 @@ class LockClient:
             from ._locks import logger
 
             logger.warning("background release of %r failed: %s", spec.name, exc)
+
+    def _local_turn(self, spec: LockSpec) -> asyncio.Lock:
+        """The FIFO turn this client's tasks take to contend for ``spec`` (counted; see
+        :meth:`_leave_turn`)."""
+        key = (spec.kind, spec.name)
+        entry = self._turns.get(key)
+        if entry is None:
+            entry = self._turns[key] = (asyncio.Lock(), [0])
+        entry[1][0] += 1
+        return entry[0]
+
+    def _leave_turn(self, spec: LockSpec) -> None:
+        key = (spec.kind, spec.name)
+        entry = self._turns[key]
+        entry[1][0] -= 1
+        if entry[1][0] == 0:
+            del self._turns[key]
 
     def _reentrant_lease(self, spec: LockSpec, task: asyncio.Task[Any]) -> Lease | None:
         entry = self._reentry.get((spec.kind, spec.name, task))

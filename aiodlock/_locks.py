@@ -97,6 +97,8 @@ class _LockBase:
         self._backend: Backend = client._backend
         self._spec = spec
         self._queued_on_busy = spec.fair or getattr(self._backend, "queues_on_busy", False)
+        # Local turns for exclusive kinds, unless the service already queues (fair, ZooKeeper).
+        self._gated = spec.kind in (Kind.MUTEX, Kind.WRITE) and not self._queued_on_busy
         self.ttl = ttl
         self.timeout = timeout
         self.max_hold = max_hold
@@ -151,9 +153,36 @@ class _LockBase:
         return lease
 
     async def _acquire(self, timeout: float | None) -> Lease:
-        owner = _new_owner()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        if not self._gated:
+            return await self._contend(deadline, timeout)
+        # Tasks of one client take turns, in arrival order, to contend at the service for an
+        # exclusive lock: a task that has just released cannot barge in ahead of its local
+        # waiters, and N local waiters cost the service one waiter, not N.
+        turn = self._client._local_turn(self._spec)
+        try:
+            self._waiting += 1
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await turn.acquire()
+            except TimeoutError:
+                self._timeouts += 1
+                raise LockTimeoutError(
+                    f"could not acquire {self._describe()} within {timeout} s"
+                ) from None
+            finally:
+                self._waiting -= 1
+            try:
+                return await self._contend(deadline, timeout)
+            finally:
+                turn.release()
+        finally:
+            self._client._leave_turn(self._spec)
+
+    async def _contend(self, deadline: float | None, timeout: float | None) -> Lease:
+        owner = _new_owner()
+        loop = asyncio.get_running_loop()
         attempt, sent = await self._attempt(owner)
         if isinstance(attempt, Grant):
             return self._grant(owner, attempt, sent)

@@ -162,10 +162,14 @@ async def test_server_restart_under_waiters_never_gives_two_holders(
         except aiodlock.BackendError:
             outcomes.append("backend error")
 
-    async with connect(url, ns) as a, connect(url, ns) as b:
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(connect(url, ns))
+        # One client per waiter: tasks of one client take turns locally, so only separate
+        # clients put six waits on the server.
+        clients = [await stack.enter_async_context(connect(url, ns)) for _ in range(6)]
         hold_task = asyncio.create_task(holder(a))
         await entered.wait()
-        waiters = [asyncio.create_task(waiter(a if i % 2 else b, i)) for i in range(6)]
+        waiters = [asyncio.create_task(waiter(clients[i], i)) for i in range(6)]
         probe = await MySQLProbe.open(url)
         try:
             await eventually(lambda: _count_waits(probe, ns, 6))
@@ -196,12 +200,17 @@ async def test_hundred_cancelled_waiters_leave_no_connection(
     mysql_url: str, ns: str, probe: MySQLProbe
 ) -> None:
     baseline = await probe.sessions()
-    async with connect(mysql_url, ns) as owner, connect(mysql_url, ns, max_connections=150) as c:
-        lease = await owner.lock("hot").acquire()
-        tasks = [asyncio.create_task(c.lock("hot").acquire()) for _ in range(100)]
+    async with (
+        connect(mysql_url, ns, max_connections=150) as owner,
+        connect(mysql_url, ns, max_connections=150) as c,
+    ):
+        # A hundred different locks: tasks waiting for one lock take turns locally, and only
+        # one of them would wait on the server.
+        leases = [await owner.lock(f"hot{i}").acquire() for i in range(100)]
+        tasks = [asyncio.create_task(c.lock(f"hot{i}").acquire()) for i in range(100)]
         await eventually(lambda: _count_waits(probe, ns, 100), timeout=20)
         assert backend_of(c).statistics()["waiters"] == 100
-        assert await probe.sessions() >= baseline + 101
+        assert await probe.sessions() >= baseline + 200
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -217,7 +226,8 @@ async def test_hundred_cancelled_waiters_leave_no_connection(
         )
         assert backend_of(c).statistics()["connections"] <= 8
         await eventually(lambda: _sessions_are(probe, baseline + mine))
-        await lease.release()
+        for lease in leases:
+            await lease.release()
     await eventually(lambda: _sessions_are(probe, baseline))
     assert await probe.leftovers(ns) == []
 

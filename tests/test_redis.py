@@ -30,23 +30,51 @@ async def connections_named(raw: aioredis.Redis, prefix: str) -> int:
 async def test_thousand_waiters_share_three_connections(
     redis_url: str, raw: aioredis.Redis
 ) -> None:
+    """1000 waiting readers are 1000 subscriptions on one pub/sub connection."""
     async with aiodlock.connect(redis_url, namespace="thousand") as locks:
-        holder = await locks.lock("hot").acquire()
-        served = 0
+        writer = await locks.write_lock("hot").acquire()
+        inside = 0
+        all_in = asyncio.Event()
 
-        async def waiter() -> None:
-            nonlocal served
-            async with locks.lock("hot", timeout=30):
-                served += 1
+        async def reader() -> None:
+            nonlocal inside
+            async with locks.read_lock("hot", timeout=30):
+                inside += 1
+                if inside == 1000:
+                    all_in.set()
+                await all_in.wait()  # every reader holds at once: shared
 
-        waiters = [asyncio.create_task(waiter()) for _ in range(1000)]
+        readers = [asyncio.create_task(reader()) for _ in range(1000)]
         await wait_until(lambda: locks.statistics().backend["waiters"] >= 1000)
         assert 2 <= await connections_named(raw, "aiodlock") <= 3  # commands + pub/sub
-        await holder.release()
-        await asyncio.gather(*waiters)  # each release wakes the next waiter
-        assert served == 1000
+        await writer.release()
+        await asyncio.gather(*readers)
         assert locks.statistics().backend["subscribed_channels"] == 0
-    assert await raw.pubsub_numsub("{thousand:hot}:signal") == [(b"{thousand:hot}:signal", 0)]
+    channel = "{thousand:hot}:rw:signal"
+    assert await raw.pubsub_numsub(channel) == [(channel.encode(), 0)]
+
+
+async def test_local_waiters_take_turns_and_cost_one_server_waiter(redis_url: str) -> None:
+    """Tasks of one client queue locally for a mutex: one of them waits at the service, a
+    releasing task cannot barge in ahead of them, and they are served in arrival order."""
+    async with aiodlock.connect(redis_url, namespace="turns") as locks:
+        lock = locks.lock("hot")
+        holder = await lock.acquire()
+        order: list[int] = []
+
+        async def worker(i: int) -> None:
+            async with lock:
+                order.append(i)
+
+        workers = []
+        for i in range(200):
+            workers.append(asyncio.create_task(worker(i)))
+            await asyncio.sleep(0)  # let it queue: arrival order is creation order
+        await wait_until(lambda: lock.statistics().waiting >= 200)
+        assert locks.statistics().backend["waiters"] == 1
+        await holder.release()
+        await asyncio.gather(*workers)
+        assert order == list(range(200))
 
 
 async def test_renew_never_resurrects(redis_url: str, raw: aioredis.Redis) -> None:
