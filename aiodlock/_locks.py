@@ -408,7 +408,8 @@ class Lock(_LockBase):
     is cancelled and :class:`LockLostError` is raised — you are told, not left to guess.
 
     ``reentrant=True`` lets the task that holds it enter it again (one lease, a depth count).
-    ``fair=True`` hands the lock over in arrival order (where the backend declares FAIR).
+    ``fair=True`` hands the lock over in arrival order across processes (where the backend
+    declares FAIR); within one client, waiting tasks always take turns in arrival order.
 
     Example::
 
