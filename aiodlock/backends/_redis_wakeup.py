@@ -91,6 +91,16 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+async def _sleep_on(fut: asyncio.Future[None], timeout: float | None) -> None:
+    """Wait until ``fut`` is resolved by a wakeup, or ``timeout`` seconds, whichever is first."""
+    handle = None if timeout is None else fut.get_loop().call_later(timeout, _resolve, fut)
+    try:
+        await fut
+    finally:
+        if handle is not None:
+            handle.cancel()
+
+
 async def _disconnect(conn: AbstractConnection) -> None:
     try:
         await conn.disconnect(nowait=True)
@@ -151,13 +161,10 @@ class PubSubWaiter:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._fut = fut
-        handle = None if timeout is None else loop.call_later(timeout, _resolve, fut)
         try:
-            await fut
+            await _sleep_on(fut, timeout)
         finally:
             self._fut = None
-            if handle is not None:
-                handle.cancel()
         self._flag = False
 
     def _wake(self, owes: bool) -> None:
@@ -738,13 +745,10 @@ class BlpopWaiter:
             sigs._reads.add(self._read)
         fut: asyncio.Future[None] = loop.create_future()
         self._fut = fut
-        handle = None if timeout is None else loop.call_later(timeout, _resolve, fut)
         try:
-            await fut
+            await _sleep_on(fut, timeout)
         finally:
             self._fut = None
-            if handle is not None:
-                handle.cancel()
         self._flag = False
 
     def _block_arg(self, now: float) -> str:

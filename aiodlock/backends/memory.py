@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Final
 
 from .._url import ParsedURL
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._wakeup import BankedWakeup
 
 __all__ = ["MemoryBackend"]
 
@@ -39,31 +40,17 @@ class _Holder:
     expires_at: float
 
 
-class _MemoryWaiter:
-    __slots__ = ("_event", "owner", "woken_last")
+class _MemoryWaiter(BankedWakeup):
+    __slots__ = ("owner", "woken_last")
 
     def __init__(self, owner: str) -> None:
+        super().__init__()
         self.owner = owner
-        self._event = asyncio.Event()
-        self.woken_last = False
-
-    @property
-    def banked(self) -> bool:
-        return self._event.is_set()
-
-    def wake(self) -> None:
-        self._event.set()
+        self.woken_last = False  # the last wait() ended by a wakeup (not by its timeout)
 
     async def wait(self, timeout: float | None) -> None:
         self.woken_last = False
-        if not self._event.is_set():
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._event.wait()
-            except TimeoutError:
-                return
-        self._event.clear()
-        self.woken_last = True
+        self.woken_last = await self._consume(timeout)
 
 
 @dataclass(slots=True)

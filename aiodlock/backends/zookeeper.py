@@ -101,6 +101,7 @@ from typing import Any, ClassVar, Final
 from .._exceptions import BackendError
 from .._url import ParsedURL, check_seconds
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._wakeup import BankedWakeup
 from ._zk_session import (
     CONNECTED,
     EVENT_DELETED,
@@ -179,26 +180,17 @@ def _seq(name: str) -> int:
 # ---------------------------------------------------------------------- state
 
 
-class _ZKWaiter:
+class _ZKWaiter(BankedWakeup):
     """A waiting acquisition's wakeup: banked, armed on at most one watch at a time."""
 
-    __slots__ = ("_event", "armed")
+    __slots__ = ("armed",)
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        super().__init__()
         self.armed: str | None = None  # path of the watch we are registered on
 
-    def wake(self) -> None:
-        self._event.set()
-
     async def wait(self, timeout: float | None) -> None:
-        if not self._event.is_set():
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._event.wait()
-            except TimeoutError:
-                return
-        self._event.clear()
+        await self._consume(timeout)
 
 
 class _Entry:
