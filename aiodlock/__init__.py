@@ -24,18 +24,21 @@ from ._exceptions import (
 from ._fencing import FencingGuard as FencingGuard
 from ._lease import Lease as Lease
 from ._locks import (
+    BaseLock as BaseLock,
     Lock as Lock,
     LockStatistics as LockStatistics,
     ReadLock as ReadLock,
     Semaphore as Semaphore,
     WriteLock as WriteLock,
 )
+from ._validate import USE_CLIENT_DEFAULT, UseClientDefault as UseClientDefault
 from .backends._protocol import Capability as Capability
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "BackendError",
+    "BaseLock",
     "Capability",
     "ClientStatistics",
     "FencingGuard",
@@ -50,13 +53,15 @@ __all__ = [
     "ReadLock",
     "Semaphore",
     "StaleTokenError",
+    "USE_CLIENT_DEFAULT",
     "UnsupportedError",
+    "UseClientDefault",
     "WriteLock",
     "connect",
 ]
 
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("aiodlock."):
+    if callable(_obj) and _obj.__module__.startswith("aiodlock."):
         _obj.__module__ = "aiodlock"
 del _name, _obj

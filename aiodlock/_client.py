@@ -1,45 +1,50 @@
-"""``connect()`` and the LockClient: URL → backend, namespace, defaults, and its lifetime."""
+"""``connect()`` and the LockClient: the composition root.
+
+``connect()`` turns a URL and options into a backend (found by scheme in the registry) and a
+client; the client builds the pieces every lock shares — the supervisor that owns background
+tasks, the table of live leases and local turns — hands them to each lock object it makes, and
+closes them in order.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar, TypeVarTuple, final
 
-from ._exceptions import LockLostError
 from ._lease import Lease
+from ._local import Holdings
 from ._locks import (
-    RELEASE_TIMEOUT,
-    UNSET,
+    BaseLock,
     Lock,
+    LockContext,
     ReadLock,
     Semaphore,
     WriteLock,
-    _LockBase,
-    _Unset,
     check_kind,
     run_guarded,
 )
-from ._url import (
+from ._supervisor import Supervisor
+from ._url import parse_url
+from ._validate import (
+    USE_CLIENT_DEFAULT,
+    UseClientDefault,
+    check_bool,
     check_limit,
     check_name,
     check_namespace,
     check_seconds,
     convert_query,
-    load_backend,
-    parse_url,
 )
-from ._watchdog import keep_alive
 from .backends._protocol import Backend, Kind, LockSpec
+from .backends._registry import load
 
 __all__ = ["ClientStatistics", "LockClient", "connect"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
-L = TypeVar("L", bound=_LockBase)
+L = TypeVar("L", bound=BaseLock)
 
 DEFAULT_NAMESPACE: Final = "aiodlock"
 DEFAULT_TTL: Final = 30.0
@@ -63,7 +68,8 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
 
     Args:
         url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
-            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``.
+            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``, and
+            any scheme an installed package registers (entry-point group ``aiodlock.backends``).
             Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
         **options: ``namespace`` (default ``"aiodlock"``), ``ttl`` (lease seconds, default
             30, renewed every ttl/3), ``timeout`` (default acquire wait, ``None`` = forever),
@@ -76,7 +82,7 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
         ImportError: the backend's driver is not installed (the message says which extra).
     """
     parsed = parse_url(url)
-    backend_cls = load_backend(parsed.scheme)
+    backend_cls = load(parsed.scheme)
     accepted: dict[str, type] = {**_COMMON_OPTIONS, **backend_cls.options}
     merged: dict[str, Any] = {}
     for key, text in parsed.query.items():
@@ -105,12 +111,12 @@ class ClientStatistics:
     """What a client holds and runs now.
 
     Attributes:
-        background_leases: leases from ``acquire()``/``try_acquire()`` kept alive by the client.
+        leases: leases held and kept alive now, however they were taken.
         cleanups: compensating releases still running in the background.
         backend: the backend's own counters (connections, subscriptions, ...).
     """
 
-    background_leases: int
+    leases: int
     cleanups: int
     backend: Mapping[str, Any]
 
@@ -119,9 +125,9 @@ class ClientStatistics:
 class LockClient:
     """Makes locks on one coordination service, and owns their background work.
 
-    Every background task — the keep-alive of a lease taken with ``acquire()``, a
-    compensating release after a cancelled acquire — runs in this client's TaskGroup, so
-    leaving ``async with`` (or ``aclose()``) waits for all of it and leaves nothing behind.
+    Every background task — the keep-alive of each lease, a compensating release after a
+    cancelled acquire — runs in this client's TaskGroup, so leaving ``async with`` (or
+    ``aclose()``) waits for all of it and leaves nothing behind.
 
     Example::
 
@@ -144,13 +150,10 @@ class LockClient:
         self.ttl = ttl
         self.timeout = timeout
         self.max_hold = max_hold
-        self._group: asyncio.TaskGroup | None = None
         self._state = "new"
-        self._keepers: dict[Lease, tuple[_LockBase, asyncio.Task[None]]] = {}
-        self._cleanups: set[asyncio.Task[None]] = set()
-        self._reentry: dict[tuple[Kind, str, asyncio.Task[Any]], list[Any]] = {}
-        # Per exclusive lock: a FIFO turn among this client's tasks, and how many use it.
-        self._turns: dict[tuple[Kind, str], tuple[asyncio.Lock, list[int]]] = {}
+        self._supervisor = Supervisor(backend)
+        self._holdings = Holdings(self._supervisor)
+        self._context = LockContext(backend, self._supervisor, self._holdings)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -158,15 +161,13 @@ class LockClient:
         if self._state != "new":
             raise RuntimeError(f"{self!r} was already opened; make a new one with connect()")
         self._state = "opening"
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
+        await self._supervisor.start()
         try:
             await self._backend.open()
         except BaseException:
-            await group.__aexit__(None, None, None)
+            await self._supervisor.stop()
             self._state = "closed"
             raise
-        self._group = group
         self._state = "open"
         return self
 
@@ -186,15 +187,9 @@ class LockClient:
         if self._state != "open":
             return
         self._state = "closing"
-        for lease in list(self._keepers):
-            self._stop_keeper(lease)
-            if lease.held:
-                lease._released = True
-                self._spawn_release(lease._lock._spec, lease._owner)
-        group, self._group = self._group, None
+        self._holdings.close()
         try:
-            if group is not None:
-                await group.__aexit__(None, None, None)
+            await self._supervisor.stop()
         finally:
             self._state = "closed"
             await self._backend.aclose()
@@ -205,9 +200,9 @@ class LockClient:
         self,
         name: str,
         *,
-        ttl: float | _Unset = UNSET,
-        timeout: float | _Unset | None = UNSET,
-        max_hold: float | _Unset | None = UNSET,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         reentrant: bool = False,
         fair: bool = False,
     ) -> Lock:
@@ -233,9 +228,9 @@ class LockClient:
         self,
         name: str,
         *,
-        ttl: float | _Unset = UNSET,
-        timeout: float | _Unset | None = UNSET,
-        max_hold: float | _Unset | None = UNSET,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     ) -> ReadLock:
         """The shared side of the reader/writer lock ``name``: see :class:`~aiodlock.ReadLock`."""
         return self._make(ReadLock, self._spec(name, Kind.READ), ttl, timeout, max_hold)
@@ -244,9 +239,9 @@ class LockClient:
         self,
         name: str,
         *,
-        ttl: float | _Unset = UNSET,
-        timeout: float | _Unset | None = UNSET,
-        max_hold: float | _Unset | None = UNSET,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         reentrant: bool = False,
     ) -> WriteLock:
         """The exclusive side of the reader/writer lock ``name``: see :class:`WriteLock`."""
@@ -258,9 +253,9 @@ class LockClient:
         name: str,
         *,
         limit: int,
-        ttl: float | _Unset = UNSET,
-        timeout: float | _Unset | None = UNSET,
-        max_hold: float | _Unset | None = UNSET,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     ) -> Semaphore:
         """Up to ``limit`` holders of ``name`` at once: see :class:`~aiodlock.Semaphore`."""
         spec = self._spec(name, Kind.SEMAPHORE, limit=check_limit(limit))
@@ -271,9 +266,9 @@ class LockClient:
         name: str,
         fn: Callable[[*Ts], Awaitable[T]],
         *args: *Ts,
-        ttl: float | _Unset = UNSET,
-        timeout: float | _Unset | None = UNSET,
-        max_hold: float | _Unset | None = UNSET,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         fair: bool = False,
     ) -> T:
         """Run ``await fn(*args)`` holding the mutex ``name``; return its result.
@@ -293,13 +288,36 @@ class LockClient:
         lock = self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, fair=fair)
         return await run_guarded(lock, fn, *args)
 
+    @property
+    def backend(self) -> Backend:
+        """The backend this client talks to: for its ``statistics()``, its optional operations
+        (``Capability.INSPECT``, ``Capability.BREAK``) and backend-specific tests."""
+        return self._backend
+
     def statistics(self) -> ClientStatistics:
-        """Background leases, running cleanups and the backend's counters."""
+        """Live leases, running cleanups and the backend's counters."""
         return ClientStatistics(
-            background_leases=len(self._keepers),
-            cleanups=len(self._cleanups),
+            leases=len(self._holdings),
+            cleanups=self._supervisor.cleanups,
             backend=self._backend.statistics(),
         )
+
+    def abandon(self, lease: Lease) -> None:
+        """Stop keeping ``lease`` alive, without releasing it: what a crash would do.
+
+        The service ends the lease by expiry (TTL backends) or by ending its session. Meant for
+        fault-injection tests of code that must survive a crashed holder; a running program
+        releases its leases instead.
+        """
+        self._holdings.abandon(lease)
+
+    async def settle(self) -> None:
+        """Wait until the compensating releases running in the background are done.
+
+        They run after a cancelled acquire or release; a test (or a shutdown hook) that wants
+        to see the service in its final state awaits this first.
+        """
+        await self._supervisor.settle()
 
     def __repr__(self) -> str:
         return (
@@ -311,9 +329,7 @@ class LockClient:
 
     def _spec(self, name: str, kind: Kind, *, limit: int = 1, fair: bool = False) -> LockSpec:
         check_name(name)
-        if not isinstance(fair, bool):
-            raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
-        spec = LockSpec(self.namespace, name, kind, limit, fair)
+        spec = LockSpec(self.namespace, name, kind, limit, check_bool(fair, argument="fair"))
         check_kind(self._backend, spec)
         return spec
 
@@ -321,119 +337,25 @@ class LockClient:
         self,
         cls: type[L],
         spec: LockSpec,
-        ttl: float | _Unset,
-        timeout: float | _Unset | None,
-        max_hold: float | _Unset | None,
+        ttl: float | UseClientDefault,
+        timeout: float | UseClientDefault | None,
+        max_hold: float | UseClientDefault | None,
         *,
         reentrant: bool = False,
     ) -> L:
-        if not isinstance(reentrant, bool):
-            raise TypeError(f"reentrant must be a bool, not {type(reentrant).__name__}")
-        ttl_s = self.ttl if isinstance(ttl, _Unset) else check_seconds(ttl, argument="ttl")
+        check_bool(reentrant, argument="reentrant")
+        ttl_s = self.ttl if ttl is USE_CLIENT_DEFAULT else check_seconds(ttl, argument="ttl")
         if ttl_s is None:
             raise TypeError("ttl must be a number of seconds, not None")
         return cls(
-            self,
+            self._context,
             spec,
             ttl=ttl_s,
             timeout=self.timeout
-            if isinstance(timeout, _Unset)
+            if timeout is USE_CLIENT_DEFAULT
             else check_seconds(timeout, argument="timeout"),
             max_hold=self.max_hold
-            if isinstance(max_hold, _Unset)
+            if max_hold is USE_CLIENT_DEFAULT
             else check_seconds(max_hold, argument="max_hold"),
             reentrant=reentrant,
         )
-
-    def _require_group(self) -> asyncio.TaskGroup:
-        if self._group is None:
-            raise RuntimeError(
-                f"{self!r} is not open: use `async with aiodlock.connect(...) as locks:`"
-            )
-        return self._group
-
-    def _start_keeper(self, lock: _LockBase, lease: Lease) -> None:
-        task = self._require_group().create_task(
-            self._keep(lock, lease), name=f"aiodlock-keepalive-{lock.name}"
-        )
-        self._keepers[lease] = (lock, task)
-
-    async def _keep(self, lock: _LockBase, lease: Lease) -> None:
-        # A child of the client's TaskGroup must never fail (that would cancel the task that
-        # opened the client): a loss is reported through lease.lost instead.
-        with contextlib.suppress(LockLostError):
-            await keep_alive(lock, lease)
-
-    def _stop_keeper(self, lease: Lease) -> None:
-        entry = self._keepers.pop(lease, None)
-        if entry is not None:
-            entry[1].cancel()
-
-    def _keepers_of(self, lock: _LockBase) -> int:
-        return sum(1 for owner, _ in self._keepers.values() if owner is lock)
-
-    async def _release(self, spec: LockSpec, owner: str) -> bool:
-        """Release-if-owner; if cancelled midway, finish it in the background.
-
-        The fast path runs inline (no task, no extra timer per release: every backend call is
-        bounded by the backend's own request timeout). Release is idempotent, so when the
-        caller is cancelled while the request is in flight the same release is simply sent
-        again from an owned background task, and the cancellation propagates at once.
-        """
-        try:
-            return await self._backend.release(spec, owner)
-        except asyncio.CancelledError:
-            self._spawn_release(spec, owner)
-            raise
-
-    def _spawn_release(self, spec: LockSpec, owner: str) -> None:
-        """Release-if-owner in the background (compensation for an unknown outcome)."""
-        group = self._group
-        if group is None:
-            return  # closed: the lease ends by expiry
-        task = group.create_task(self._background_release(spec, owner))
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
-
-    async def _background_release(self, spec: LockSpec, owner: str) -> None:
-        # Must not fail: it is a child of the client's TaskGroup.
-        try:
-            async with asyncio.timeout(RELEASE_TIMEOUT):
-                await self._backend.release(spec, owner)
-        except Exception as exc:
-            from ._locks import logger
-
-            logger.warning("background release of %r failed: %s", spec.name, exc)
-
-    def _local_turn(self, spec: LockSpec) -> asyncio.Lock:
-        """The FIFO turn this client's tasks take to contend for ``spec`` (counted; see
-        :meth:`_leave_turn`)."""
-        key = (spec.kind, spec.name)
-        entry = self._turns.get(key)
-        if entry is None:
-            entry = self._turns[key] = (asyncio.Lock(), [0])
-        entry[1][0] += 1
-        return entry[0]
-
-    def _leave_turn(self, spec: LockSpec) -> None:
-        key = (spec.kind, spec.name)
-        entry = self._turns[key]
-        entry[1][0] -= 1
-        if entry[1][0] == 0:
-            del self._turns[key]
-
-    def _reentrant_lease(self, spec: LockSpec, task: asyncio.Task[Any]) -> Lease | None:
-        entry = self._reentry.get((spec.kind, spec.name, task))
-        return None if entry is None else entry[0]
-
-    def _reenter(
-        self, spec: LockSpec, task: asyncio.Task[Any], delta: int, lease: Lease | None = None
-    ) -> None:
-        key = (spec.kind, spec.name, task)
-        entry = self._reentry.get(key)
-        if entry is None:
-            self._reentry[key] = [lease, delta]
-            return
-        entry[1] += delta
-        if entry[1] <= 0:
-            del self._reentry[key]

@@ -1,16 +1,129 @@
-"""The Lease: what you hold after an acquisition."""
+"""The Lease: what you hold after an acquisition, and the state machine behind it.
+
+A lease is in one of three states, and :class:`LeaseState` is the only code that changes it::
+
+    HELD ──renewed()──▶ HELD          (the keep-alive extended valid_until)
+    HELD ──lose()─────▶ LOST          (lost event set, loss callbacks run once)
+    HELD | LOST ──end()──▶ RELEASED   (release() or client close; idempotent)
+    RELEASED ──found_lost()──▶ RELEASED, lost set   (the release found the lock gone)
+
+The public :class:`Lease` is a read-only view over one ``LeaseState`` plus ``release()``. The
+keep-alive (:mod:`aiodlock._watchdog`), the client's table of live leases
+(:mod:`aiodlock._local`) and the ``async with`` guard (:mod:`aiodlock._guard`) hold the
+``LeaseState`` and drive it only through its methods.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, final
+import enum
+from collections.abc import Awaitable, Callable
+from typing import final
 
 from ._exceptions import LockLostError, LockNotOwnedError
+from .backends._protocol import LockSpec
 
-if TYPE_CHECKING:
-    from ._locks import _LockBase
+__all__ = ["Lease", "LeaseState", "LeaseStatus"]
 
-__all__ = ["Lease"]
+
+class LeaseStatus(enum.Enum):
+    """Where a lease is in its life."""
+
+    HELD = "held"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+LossCallback = Callable[[LockLostError], None]
+
+
+@final
+class LeaseState:
+    """One grant's state: who holds what, until when, and whether it is still held.
+
+    ``valid_until`` is event-loop time: the pessimistic local deadline computed from the *send*
+    time of the last confirmed acquire or renew, minus a drift margin.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "fencing_token",
+        "lost",
+        "lost_reason",
+        "owner",
+        "spec",
+        "status",
+        "valid_until",
+    )
+
+    def __init__(self, spec: LockSpec, owner: str, fencing_token: int, valid_until: float) -> None:
+        self.spec = spec
+        self.owner = owner
+        self.fencing_token = fencing_token
+        self.valid_until = valid_until
+        self.status = LeaseStatus.HELD
+        self.lost_reason: LockLostError | None = None
+        self.lost = asyncio.Event()
+        self._callbacks: list[LossCallback] = []
+
+    def renewed(self, valid_until: float) -> None:
+        """The service confirmed the lease: it is valid locally until ``valid_until``."""
+        if self.status is LeaseStatus.HELD:
+            self.valid_until = valid_until
+
+    def lose(self, reason: LockLostError) -> None:
+        """HELD → LOST: set ``lost`` and tell every loss callback, once. No-op otherwise."""
+        if self.status is not LeaseStatus.HELD:
+            return
+        self.status = LeaseStatus.LOST
+        self.lost_reason = reason
+        self.lost.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(reason)
+
+    def end(self) -> bool:
+        """HELD or LOST → RELEASED. False if it already was released (release is idempotent)."""
+        if self.status is LeaseStatus.RELEASED:
+            return False
+        self.status = LeaseStatus.RELEASED
+        self._callbacks.clear()
+        return True
+
+    def found_lost(self, reason: LockLostError) -> None:
+        """The release found the lock no longer ours: it was lost before anyone noticed.
+
+        Sets ``lost`` (unless a loss was already recorded), so that the holder learns that
+        part of its critical section ran unprotected.
+        """
+        if self.lost_reason is None:
+            self.lost_reason = reason
+            self.lost.set()
+
+    def on_loss(self, callback: LossCallback) -> None:
+        """Call ``callback(reason)`` when the lease is lost (at once if it already is)."""
+        if self.lost_reason is not None and self.status is LeaseStatus.LOST:
+            callback(self.lost_reason)
+        elif self.status is LeaseStatus.HELD:
+            self._callbacks.append(callback)
+
+    def cancel_on_loss(self, callback: LossCallback) -> None:
+        """Forget a callback registered with :meth:`on_loss` (no-op if it already ran)."""
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def check_valid(self, now: float) -> None:
+        """Raise unless the lease is held and locally valid at ``now`` (loop time)."""
+        if self.lost_reason is not None:
+            raise self.lost_reason
+        if self.status is LeaseStatus.RELEASED:
+            raise LockNotOwnedError(f"lease on {self.spec.name!r} was released")
+        if now >= self.valid_until:
+            raise LockLostError(f"lease on {self.spec.name!r} is past its validity deadline")
+
+
+Releaser = Callable[[LeaseState], Awaitable[None]]
+"""Ends a lease for good (the client's table of live leases provides it)."""
 
 
 @final
@@ -36,31 +149,32 @@ class Lease:
             await lease.release()
     """
 
-    __slots__ = (
-        "_lock",
-        "_lost_reason",
-        "_owner",
-        "_released",
-        "_valid_until",
-        "fencing_token",
-        "lost",
-    )
+    __slots__ = ("_release", "_state")
 
-    def __init__(
-        self, lock: _LockBase, owner: str, fencing_token: int, valid_until: float
-    ) -> None:
-        self._lock = lock
-        self._owner = owner
-        self.fencing_token = fencing_token
-        self._valid_until = valid_until
-        self._released = False
-        self._lost_reason: LockLostError | None = None
-        self.lost = asyncio.Event()
+    def __init__(self, state: LeaseState, release: Releaser) -> None:
+        self._state = state
+        self._release = release
 
     @property
     def name(self) -> str:
         """The lock's name, as given (without the namespace)."""
-        return self._lock.name
+        return self._state.spec.name
+
+    @property
+    def fencing_token(self) -> int:
+        """Strictly greater than every earlier grant's token for this lock name."""
+        return self._state.fencing_token
+
+    @property
+    def owner(self) -> str:
+        """The random token this lease holds the lock under on the service (as an operator's
+        ``inspect`` shows it); not a secret worth guarding, but not a handle to share."""
+        return self._state.owner
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the lease is lost (not when it is released)."""
+        return self._state.lost
 
     @property
     def valid_until(self) -> float:
@@ -69,31 +183,31 @@ class Lease:
         Computed pessimistically from the *send* time of the last confirmed acquire or renew,
         minus a drift margin, so it passes before the server could have expired the lease.
         """
-        return self._valid_until
+        return self._state.valid_until
 
     @property
     def held(self) -> bool:
         """True until the lease is released or lost."""
-        return not (self._released or self.lost.is_set())
+        return self._state.status is LeaseStatus.HELD
 
     def assert_held(self) -> None:
         """Raise :class:`LockLostError` unless the lease is held and locally valid now.
 
         Call it right before a side effect that must not happen without the lock.
+
+        Raises:
+            LockLostError: the lease was lost or is past its local validity deadline.
+            LockNotOwnedError: the lease was released.
         """
-        if self._lost_reason is not None:
-            raise self._lost_reason
-        if self._released:
-            raise LockNotOwnedError(f"lease on {self.name!r} was released")
-        if asyncio.get_running_loop().time() >= self._valid_until:
-            raise LockLostError(f"lease on {self.name!r} is past its validity deadline")
+        self._state.check_valid(asyncio.get_running_loop().time())
 
     async def release(self) -> None:
         """Release the lock. Bounded in time, idempotent, and cancellation-safe.
 
         If the caller is cancelled while the release is in flight, the same (idempotent)
         release is finished by a background task the client owns, and the cancellation
-        propagates at once: the lock is released either way.
+        propagates at once: the lock is released either way. On a reentrant lock entered
+        several times by its task, each ``release()`` undoes one entry.
 
         Raises:
             LockNotOwnedError: the lease was lost before this call (another holder may have
@@ -101,13 +215,10 @@ class Lease:
             BackendError: the service could not be reached to confirm the release (the lease
                 then ends by expiry).
         """
-        await self._lock._release_lease(self)
-
-    def _mark_lost(self, reason: LockLostError) -> None:
-        if self._lost_reason is None and not self._released:
-            self._lost_reason = reason
-            self.lost.set()
+        await self._release(self._state)
 
     def __repr__(self) -> str:
-        state = "released" if self._released else "lost" if self.lost.is_set() else "held"
-        return f"<Lease {self.name!r} {state} fencing_token={self.fencing_token}>"
+        return (
+            f"<Lease {self.name!r} {self._state.status.value} "
+            f"fencing_token={self.fencing_token}>"
+        )

@@ -1,58 +1,59 @@
-"""The lock kinds, written once over the backend protocol.
+"""The lock kinds: policy only.
 
 Every kind has one shape: ``acquire(timeout=)`` → :class:`Lease` or
 :class:`LockTimeoutError`; ``try_acquire()`` → :class:`Lease` or ``None``; ``async with``
-holds the lock under a watchdog that cancels the body on loss; ``statistics()``; a ``repr``
-with state and waiters.
+holds the lock and cancels the body if the lease is lost; ``statistics()``; a ``repr`` with
+state and waiters. What a kind decides is *which* lock it asks for (its :class:`Kind`) and how
+a task's second entry is treated; the mechanisms are elsewhere, each with one owner:
 
-The waiting loop is the same for every backend: try; if refused, arm the wakeup (subscribe),
-*then* try again (a release between the two would otherwise be missed); then wait until woken
-or until the blocking holder's lease could have run out (``Busy.retry_after``), and repeat.
-Nothing sleeps on a fixed interval.
+* waiting for a grant — :mod:`aiodlock._acquire` (the one wait loop);
+* keeping the lease alive, reentrancy, release, teardown — the client's
+  :class:`~aiodlock._local.Holdings`, the same path whether a lease was taken with
+  ``async with`` or ``acquire()``;
+* cancelling the body on loss — :class:`~aiodlock._guard.LossGuard`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple, final
+from typing import Any, TypeVar, TypeVarTuple, final
 
-from ._exceptions import (
-    LockError,
-    LockLostError,
-    LockNotOwnedError,
-    LockTimeoutError,
-    UnsupportedError,
-)
-from ._lease import Lease
-from ._watchdog import drift, keep_alive
-from .backends._protocol import Backend, Busy, Capability, Grant, Kind, LockSpec
+from ._acquire import AcquireCounters, Granted, attempt_once, wait_for_grant
+from ._exceptions import LockError, LockLostError, LockNotOwnedError, UnsupportedError
+from ._guard import LossGuard
+from ._lease import Lease, LeaseState
+from ._local import Holdings, LiveLease
+from ._supervisor import Supervisor, logger
+from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_seconds
+from ._watchdog import drift
+from .backends._protocol import Backend, Capability, Kind, LockSpec
 
-if TYPE_CHECKING:
-    from ._client import LockClient
-
-__all__ = ["Lock", "LockStatistics", "ReadLock", "Semaphore", "WriteLock"]
+__all__ = [
+    "BaseLock",
+    "Lock",
+    "LockContext",
+    "LockStatistics",
+    "ReadLock",
+    "Semaphore",
+    "WriteLock",
+    "check_kind",
+    "run_guarded",
+]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
-logger = logging.getLogger("aiodlock")
-
-RELEASE_TIMEOUT: Final = 5.0
-"""Seconds a background (compensating) release may take before it is abandoned to the
-lease's own expiry."""
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
+@dataclass(frozen=True, slots=True)
+class LockContext:
+    """What a lock object works with: its client's backend, supervisor and holdings."""
 
-
-UNSET: Final = _Unset()
-"""Marks "not passed" where ``None`` means "no limit"."""
+    backend: Backend
+    supervisor: Supervisor
+    holdings: Holdings
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +79,22 @@ class LockStatistics:
     lost: int
 
 
-class _LockBase:
-    """The shared machinery; the public kinds below only choose the :class:`Kind`."""
+@dataclass(slots=True)
+class _Entry:
+    """One ``async with`` entry of a task: the lease, and the guard it armed (if outermost)."""
+
+    live: LiveLease
+    guard: LossGuard | None
+
+
+class BaseLock:
+    """The shared policy; the public kinds below only choose the :class:`Kind`."""
 
     _kind: Kind
 
     def __init__(
         self,
-        client: LockClient,
+        context: LockContext,
         spec: LockSpec,
         *,
         ttl: float,
@@ -93,21 +102,15 @@ class _LockBase:
         max_hold: float | None,
         reentrant: bool = False,
     ) -> None:
-        self._client = client
-        self._backend: Backend = client._backend
+        self._context = context
         self._spec = spec
-        self._queued_on_busy = spec.fair or getattr(self._backend, "queues_on_busy", False)
-        # Local turns for exclusive kinds, unless the service already queues (fair, ZooKeeper).
-        self._gated = spec.kind in (Kind.MUTEX, Kind.WRITE) and not self._queued_on_busy
         self.ttl = ttl
         self.timeout = timeout
         self.max_hold = max_hold
         self.reentrant = reentrant
-        # Leases entered with `async with`, per task (a stack: the same task may nest).
-        self._entered: dict[asyncio.Task[Any], list[_Entered]] = {}
-        self._waiting = 0
-        self._acquired = 0
-        self._timeouts = 0
+        # `async with` entries per task (a stack: the same task may nest).
+        self._entered: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._counters = AcquireCounters()
         self._lost = 0
 
     @property
@@ -117,12 +120,15 @@ class _LockBase:
 
     # ------------------------------------------------------------------ acquiring
 
-    async def acquire(self, *, timeout: float | _Unset | None = UNSET) -> Lease:
+    async def acquire(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> (
+        Lease
+    ):
         """Wait for the lock and return the :class:`Lease`.
 
-        The lease is kept alive in the client's background TaskGroup until
-        ``lease.release()``; if it is lost, ``lease.lost`` is set. Prefer ``async with``,
-        which also cancels the guarded code on loss.
+        The lease is kept alive by the client until ``lease.release()``; if it is lost,
+        ``lease.lost`` is set. Prefer ``async with``, which also cancels the guarded code on
+        loss. On a reentrant lock the task that holds it gets the same lease back (one more
+        entry, undone by one ``release()``).
 
         Args:
             timeout: seconds to wait; ``None`` waits forever. Defaults to the lock's timeout.
@@ -130,10 +136,10 @@ class _LockBase:
         Raises:
             LockTimeoutError: not acquired within ``timeout``.
             BackendError: the service failed.
+            RuntimeError: the client is not open.
         """
-        lease = await self._acquire(self._timeout_arg(timeout))
-        self._client._start_keeper(self, lease)
-        return lease
+        wait = self.timeout if timeout is USE_CLIENT_DEFAULT else _seconds(timeout)
+        return (await self._take(wait)).lease
 
     async def try_acquire(self) -> Lease | None:
         """Take the lock if it is free right now; never waits.
@@ -141,209 +147,115 @@ class _LockBase:
         Returns:
             The :class:`Lease` (kept alive like ``acquire()``'s), or ``None`` if it is taken.
         """
-        owner = _new_owner()
-        attempt, sent = await self._attempt(owner)
-        if isinstance(attempt, Busy):
-            if self._queued_on_busy:
-                # The refusal queued us; we are not going to wait.
-                await self._client._release(self._spec, owner)
-            return None
-        lease = self._grant(owner, attempt, sent)
-        self._client._start_keeper(self, lease)
-        return lease
+        task = _current_task()
+        held = self._reentry(task, strict=False)
+        if held is not None:
+            return self._context.holdings.reenter(held)
+        context = self._context
+        context.supervisor.require_running()
+        granted = await attempt_once(
+            context.backend, context.supervisor, self._spec, ttl=self.ttl, counters=self._counters
+        )
+        return None if granted is None else self._hold(granted, task).lease
 
-    async def _acquire(self, timeout: float | None) -> Lease:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        if not self._gated:
-            return await self._contend(deadline, timeout)
-        # Tasks of one client take turns, in arrival order, to contend at the service for an
-        # exclusive lock: a task that has just released cannot barge in ahead of its local
-        # waiters, and N local waiters cost the service one waiter, not N.
-        turn = self._client._local_turn(self._spec)
-        try:
-            self._waiting += 1
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await turn.acquire()
-            except TimeoutError:
-                self._timeouts += 1
-                raise LockTimeoutError(
-                    f"could not acquire {self._describe()} within {timeout} s"
-                ) from None
-            finally:
-                self._waiting -= 1
-            try:
-                return await self._contend(deadline, timeout)
-            finally:
-                turn.release()
-        finally:
-            self._client._leave_turn(self._spec)
+    async def _take(self, timeout: float | None, *, strict: bool = False) -> LiveLease:
+        task = _current_task()
+        held = self._reentry(task, strict=strict)
+        if held is not None:
+            self._context.holdings.reenter(held)
+            return held
+        context = self._context
+        context.supervisor.require_running()
+        granted = await wait_for_grant(
+            context.backend,
+            context.supervisor,
+            context.holdings.turns,
+            self._spec,
+            ttl=self.ttl,
+            timeout=timeout,
+            counters=self._counters,
+        )
+        return self._hold(granted, task)
 
-    async def _contend(self, deadline: float | None, timeout: float | None) -> Lease:
-        owner = _new_owner()
-        loop = asyncio.get_running_loop()
-        attempt, sent = await self._attempt(owner)
-        if isinstance(attempt, Grant):
-            return self._grant(owner, attempt, sent)
-        self._waiting += 1
-        granted: Grant | None = None
-        try:
-            async with self._backend.waiter(self._spec, owner) as waiter:
-                while True:
-                    # Re-check now that the wakeup is armed: a release that happened before
-                    # the subscription was live would otherwise be missed.
-                    attempt, sent = await self._attempt(owner)
-                    if isinstance(attempt, Grant):
-                        granted = attempt
-                        break
-                    wait_for = attempt.retry_after
-                    if deadline is not None:
-                        remaining = deadline - loop.time()
-                        if remaining <= 0:
-                            self._timeouts += 1
-                            raise LockTimeoutError(
-                                f"could not acquire {self._describe()} within {timeout} s"
-                            )
-                        wait_for = remaining if wait_for is None else min(wait_for, remaining)
-                    await waiter.wait(wait_for)
-        except BaseException:
-            if granted is not None or self._queued_on_busy:
-                # Granted, then cancelled while leaving the waiter: give the lock back. Or
-                # leave the queue so the waiters behind us are not held up.
-                self._client._spawn_release(self._spec, owner)
-            raise
-        finally:
-            self._waiting -= 1
-        assert granted is not None  # the loop ends only by a grant or an exception
-        return self._grant(owner, granted, sent)
+    def _reentry(self, task: asyncio.Task[Any], *, strict: bool) -> LiveLease | None:
+        """The lease to re-enter, if ``task`` holds this lock and it is reentrant.
 
-    async def _attempt(self, owner: str) -> tuple[Grant | Busy, float]:
-        """One try, compensated if its outcome is unknown.
-
-        If we are cancelled (or the connection drops) while the request is in flight, the
-        service may have granted the lock anyway: release-if-owner runs, shielded, before the
-        exception propagates, so no orphan lock is left behind.
+        A non-reentrant lock held by the same task is an error for ``async with`` (``strict``:
+        it could only deadlock); ``acquire()`` and ``try_acquire()`` contend as any caller
+        would, and time out or answer None.
         """
-        sent = asyncio.get_running_loop().time()
-        try:
-            attempt = await self._backend.try_acquire(self._spec, owner, self.ttl)
-        except BaseException:
-            self._client._spawn_release(self._spec, owner)
-            raise
-        return attempt, sent
+        held = self._context.holdings.held_by(self._spec, task)
+        if held is None or self.reentrant:
+            return held
+        if strict:
+            raise RuntimeError(
+                f"this task already holds {self._spec.describe()}; "
+                "pass reentrant=True to re-enter it"
+            )
+        return None
 
-    def _grant(self, owner: str, grant: Grant, sent: float) -> Lease:
-        self._acquired += 1
-        return Lease(self, owner, grant.fencing_token, sent + self.ttl - drift(self.ttl))
+    def _hold(self, granted: Granted, task: asyncio.Task[Any]) -> LiveLease:
+        valid_until = granted.sent + self.ttl - drift(self.ttl)
+        state = LeaseState(self._spec, granted.owner, granted.fencing_token, valid_until)
+        state.on_loss(self._note_lost)
+        return self._context.holdings.add(
+            state, task=task, source=self, ttl=self.ttl, max_hold=self.max_hold
+        )
 
-    def _timeout_arg(self, timeout: float | _Unset | None) -> float | None:
-        if isinstance(timeout, _Unset):
-            return self.timeout
-        from ._url import check_seconds
-
-        return check_seconds(timeout, argument="timeout")
-
-    # ------------------------------------------------------------------ releasing
-
-    async def _release_lease(self, lease: Lease) -> None:
-        if lease._released:
-            return
-        reason = lease._lost_reason
-        lease._released = True
-        self._client._stop_keeper(lease)
-        released = await self._client._release(self._spec, lease._owner)
-        if reason is not None:
-            raise LockNotOwnedError(f"{self._describe()} was lost before release") from reason
-        if not released:
-            raise LockNotOwnedError(f"{self._describe()} was not held at release (it expired)")
-
-    def _note_lost(self) -> None:
+    def _note_lost(self, reason: LockLostError) -> None:
         self._lost += 1
 
     # ------------------------------------------------------------------ async with
 
     async def __aenter__(self) -> Lease:
-        task = asyncio.current_task()
-        assert task is not None, "aiodlock locks must be used from an asyncio task"
-        exclusive = self._spec.kind in (Kind.MUTEX, Kind.WRITE)
-        outer = self._client._reentrant_lease(self._spec, task) if exclusive else None
-        if outer is not None and not self.reentrant:
-            raise RuntimeError(
-                f"this task already holds {self._describe()}; pass reentrant=True to re-enter it"
-            )
-        stack = self._entered.setdefault(task, [])
-        if outer is not None:
-            self._client._reenter(self._spec, task, +1)
-            stack.append(_Entered(outer, None, None, nested=True))
-            return outer
-        try:
-            lease = await self._acquire(self.timeout)
-        except BaseException:
-            if not stack:
-                del self._entered[task]
-            raise
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
-        keeper = group.create_task(keep_alive(self, lease), name=f"aiodlock-keepalive-{self.name}")
-        stack.append(_Entered(lease, group, keeper, nested=False))
-        if self._spec.kind in (Kind.MUTEX, Kind.WRITE):
-            self._client._reenter(self._spec, task, +1, lease)
-        return lease
+        task = _current_task()
+        live = await self._take(self.timeout, strict=True)
+        guard = None
+        if self._context.holdings.claim_guard(live, task):
+            guard = LossGuard(live.state, task)
+            guard.arm()
+        self._entered.setdefault(task, []).append(_Entry(live, guard))
+        return live.lease
 
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        task = asyncio.current_task()
-        assert task is not None
+    ) -> None:
+        task = _current_task()
         stack = self._entered[task]
-        entered = stack.pop()
+        entry = stack.pop()
         if not stack:
             del self._entered[task]
-        if entered.nested:
-            self._client._reenter(self._spec, task, -1)
-            return None
-        if self._spec.kind in (Kind.MUTEX, Kind.WRITE):
-            self._client._reenter(self._spec, task, -1)
-        lease = entered.lease
-        assert entered.group is not None
-        assert entered.keeper is not None
-        entered.keeper.cancel()
         lost: LockLostError | None = None
-        try:
-            try:
-                if exc_type is asyncio.CancelledError:
-                    # Let the TaskGroup do its uncancel() bookkeeping for a cancellation it
-                    # may have caused itself; an outside cancellation propagates from here.
-                    await entered.group.__aexit__(exc_type, exc, tb)
-                else:
-                    # The body's own exception is not the TaskGroup's business: keep it
-                    # out, so it propagates unwrapped rather than inside an ExceptionGroup.
-                    await entered.group.__aexit__(None, None, None)
-            except BaseExceptionGroup as group_error:
-                lost = _only_lock_lost(group_error)
-        finally:
-            await self._release_after_body(lease)
+        cancelled = False
+        if entry.guard is not None:
+            self._context.holdings.drop_guard(entry.live, task)
+            outcome = await entry.guard.disarm(exc_type)
+            lost, cancelled = outcome.lost, outcome.cancelled
+        found = await self._release_after_body(entry.live)
+        if cancelled:
+            raise asyncio.CancelledError from lost or exc
         if lost is not None:
-            if task.cancelling():
-                # Somebody outside cancelled us too: that cancellation wins.
-                raise asyncio.CancelledError from lost
-            if exc_type is None or exc_type is asyncio.CancelledError:
-                raise lost
-        return None
+            raise lost
+        if found is not None and exc_type is None:
+            raise found  # the release proved the body's end ran without the lock
 
-    async def _release_after_body(self, lease: Lease) -> None:
+    async def _release_after_body(self, live: LiveLease) -> LockLostError | None:
+        """Release; return the loss a release-if-owner refusal proved, if nobody had seen it."""
+        seen_lost = live.lease.lost.is_set()
         try:
-            await self._release_lease(lease)
-        except LockNotOwnedError:
-            pass  # lost or expired: reported through LockLostError, not here
+            await live.lease.release()
+        except LockNotOwnedError as exc:
+            # Lost before: the guard reported it. Found lost by this very release: say so.
+            if not seen_lost and isinstance(exc.__cause__, LockLostError):
+                return exc.__cause__
         except LockError as exc:
             # The service is unreachable: the lease ends by expiry. The body's outcome is
             # what the caller needs to see, so this is logged rather than raised.
-            logger.warning("could not release %s: %s", self._describe(), exc)
+            logger.warning("could not release %s: %s", self._spec.describe(), exc)
+        return None
 
     # ------------------------------------------------------------------ introspection
 
@@ -352,16 +264,12 @@ class _LockBase:
         return LockStatistics(
             name=self.name,
             kind=self._spec.kind.value,
-            held=sum(1 for s in self._entered.values() for e in s if not e.nested)
-            + self._client._keepers_of(self),
-            waiting=self._waiting,
-            acquired=self._acquired,
-            timeouts=self._timeouts,
+            held=self._context.holdings.count(self),
+            waiting=self._counters.waiting,
+            acquired=self._counters.acquired,
+            timeouts=self._counters.timeouts,
             lost=self._lost,
         )
-
-    def _describe(self) -> str:
-        return f"{type(self).__name__.lower().replace('lock', ' lock').strip()} {self.name!r}"
 
     def __repr__(self) -> str:
         stats = self.statistics()
@@ -370,36 +278,23 @@ class _LockBase:
         reentrant = " reentrant" if self.reentrant else ""
         return (
             f"<{type(self).__name__} {self.name!r}{extra}{fair}{reentrant} "
-            f"held={stats.held} waiting={stats.waiting} on {self._backend.describe()}>"
+            f"held={stats.held} waiting={stats.waiting} on {self._context.backend.describe()}>"
         )
 
 
-@dataclass(slots=True)
-class _Entered:
-    lease: Lease
-    group: asyncio.TaskGroup | None
-    keeper: asyncio.Task[Any] | None
-    nested: bool
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("aiodlock locks must be used from an asyncio task")
+    return task
 
 
-def _only_lock_lost(group_error: BaseExceptionGroup[BaseException]) -> LockLostError:
-    """The watchdog fails only with LockLostError; anything else is a bug worth seeing."""
-    lost, rest = group_error.split(LockLostError)
-    if rest is not None or lost is None:
-        raise group_error
-    first = lost.exceptions[0]
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, LockLostError)
-    return first
-
-
-def _new_owner() -> str:
-    return secrets.token_hex(12)
+def _seconds(timeout: object) -> float | None:
+    return check_seconds(timeout, argument="timeout")
 
 
 @final
-class Lock(_LockBase):
+class Lock(BaseLock):
     """A distributed mutex: one holder at a time, across every process using the service.
 
     Like :class:`asyncio.Lock`, but held by a *lease* that the service expires if the holder
@@ -421,7 +316,7 @@ class Lock(_LockBase):
 
 
 @final
-class ReadLock(_LockBase):
+class ReadLock(BaseLock):
     """The shared side of a reader/writer lock: many readers, no writer.
 
     Readers of a name share it with each other and exclude :class:`WriteLock` holders of the
@@ -438,7 +333,7 @@ class ReadLock(_LockBase):
 
 
 @final
-class WriteLock(_LockBase):
+class WriteLock(BaseLock):
     """The exclusive side of a reader/writer lock: one writer, no readers.
 
     Example::
@@ -451,7 +346,7 @@ class WriteLock(_LockBase):
 
 
 @final
-class Semaphore(_LockBase):
+class Semaphore(BaseLock):
     """Up to ``limit`` concurrent holders, each with its own lease and fencing token.
 
     Every client must use the same ``limit`` for a name. Like :class:`asyncio.Semaphore`, but
@@ -466,7 +361,7 @@ class Semaphore(_LockBase):
     _kind = Kind.SEMAPHORE
 
 
-async def run_guarded(lock: _LockBase, fn: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
+async def run_guarded(lock: BaseLock, fn: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
     """Run ``await fn(*args)`` while holding ``lock``, cancelled on loss (LockLostError)."""
     async with lock:
         return await fn(*args)

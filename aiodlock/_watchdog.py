@@ -11,21 +11,24 @@ last confirmed renewal minus a drift margin. It ends only by raising :class:`Loc
   wakeup, before anything else;
 * ``max_hold`` was reached: renewals stop and the lease runs out.
 
-Run inside the ``async with`` TaskGroup, its failure cancels the guarded body; run in the
-client's TaskGroup (``acquire()`` outside ``async with``), it sets ``lease.lost``.
+A loss is reported by moving the lease to LOST (:meth:`LeaseState.lose`): that sets
+``lease.lost`` and runs the lease's loss callbacks, through which an ``async with`` body is
+cancelled. The watchdog knows a backend and a lease, and nothing about locks or clients.
+
+Example (what the client's supervisor runs for every lease)::
+
+    await keep_alive(backend, state, ttl=30.0, max_hold=None)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from ._exceptions import BackendError, LockLostError
-
-if TYPE_CHECKING:
-    from ._lease import Lease
-    from ._locks import _LockBase
+from ._lease import LeaseState
+from .backends._protocol import Backend
 
 __all__ = ["drift", "keep_alive"]
 
@@ -40,65 +43,67 @@ def drift(ttl: float) -> float:
     return ttl * 0.01 + 0.002
 
 
-async def keep_alive(lock: _LockBase, lease: Lease) -> NoReturn:
-    """Renew ``lease`` until cancelled; raise :class:`LockLostError` (and mark it lost) on loss."""
+async def keep_alive(
+    backend: Backend, state: LeaseState, *, ttl: float, max_hold: float | None
+) -> NoReturn:
+    """Renew ``state`` until cancelled; on loss mark it LOST and raise :class:`LockLostError`."""
     try:
-        await _renew_forever(lock, lease)
+        await _renew_forever(backend, state, ttl, max_hold)
     except LockLostError as exc:
-        lease._mark_lost(exc)
-        lock._note_lost()
+        state.lose(exc)
         raise
     except Exception as exc:
         # A keep-alive that dies unexpectedly must not die silently (the renewal-thread bug
         # of the incumbents): without it the lease is not being kept, so it is lost.
-        lost = LockLostError(f"the keep-alive of {lock.name!r} failed: {exc!r}")
+        lost = LockLostError(f"the keep-alive of {state.spec.name!r} failed: {exc!r}")
         lost.__cause__ = exc
-        lease._mark_lost(lost)
-        lock._note_lost()
+        state.lose(lost)
         raise lost from exc
 
 
-async def _renew_forever(lock: _LockBase, lease: Lease) -> NoReturn:
+async def _renew_forever(
+    backend: Backend, state: LeaseState, ttl: float, max_hold: float | None
+) -> NoReturn:
     loop = asyncio.get_running_loop()
-    ttl = lock.ttl
+    name = state.spec.name
     interval = ttl / RENEWALS_PER_TTL
-    hold_until = None if lock.max_hold is None else loop.time() + lock.max_hold
+    hold_until = None if max_hold is None else loop.time() + max_hold
     next_renewal = loop.time() + interval
     # Session backends (ZooKeeper, MySQL) signal a loss the moment they see it.
-    lost_signal = lock._backend.loss_signal(lock._spec, lease._owner)
+    lost_signal = backend.loss_signal(state.spec, state.owner)
     while True:
         wake_at = next_renewal
         if hold_until is not None and next_renewal >= hold_until:
             # max_hold reached: no more renewals; the lease runs out at valid_until.
-            wake_at = lease.valid_until
-        await _sleep_until(loop, min(wake_at, lease.valid_until), lost_signal)
+            wake_at = state.valid_until
+        await _sleep_until(loop, min(wake_at, state.valid_until), lost_signal)
         if lost_signal is not None and lost_signal.is_set():
             raise LockLostError(
-                f"lock {lock.name!r} was lost: {lock._backend.describe()} "
+                f"lock {name!r} was lost: {backend.describe()} "
                 "ended the session or connection that held it"
             )
         now = loop.time()
-        if now >= lease.valid_until:
+        if now >= state.valid_until:
             if hold_until is not None and now >= hold_until:
-                raise LockLostError(f"lock {lock.name!r} was held longer than max_hold")
+                raise LockLostError(f"lock {name!r} was held longer than max_hold")
             raise LockLostError(
-                f"lease on {lock.name!r} passed its local validity deadline "
+                f"lease on {name!r} passed its local validity deadline "
                 "(renewals failed, or the event loop or process was stalled)"
             )
         if now < next_renewal:
             continue
         sent = now
         try:
-            async with asyncio.timeout_at(lease.valid_until):
-                still_ours = await lock._backend.renew(lock._spec, lease._owner, ttl)
+            async with asyncio.timeout_at(state.valid_until):
+                still_ours = await backend.renew(state.spec, state.owner, ttl)
         except (BackendError, TimeoutError):
             # Transient failure: retry soon, but never past the validity deadline (the
             # check at the top of the loop turns that into a loss).
-            next_renewal = min(loop.time() + ttl * RETRY_FRACTION, lease.valid_until)
+            next_renewal = min(loop.time() + ttl * RETRY_FRACTION, state.valid_until)
             continue
         if not still_ours:
-            raise LockLostError(f"lock {lock.name!r} is no longer held (renewal refused)")
-        lease._valid_until = sent + ttl - drift(ttl)
+            raise LockLostError(f"lock {name!r} is no longer held (renewal refused)")
+        state.renewed(sent + ttl - drift(ttl))
         next_renewal = sent + interval
 
 

@@ -20,8 +20,9 @@ Run it::
     python examples/oversell.py --buyers 1000 --stock 10
     python examples/oversell.py --url redis://127.0.0.1:6379/0 --processes 4
 
-``python -m aiodlock demo`` runs the same program: it lives in ``aiodlock/_demo.py`` so that it
-ships with the package (read it for the whole story: buyers, stores, the Lua script).
+``python -m aiodlock demo`` runs the same program: it lives in ``aiodlock/cli/demo.py`` so that
+it ships with the package (read it for the whole story: the buyers and the report there, the
+stock stores and the Lua script in ``aiodlock/cli/_stock.py``).
 
 Exit status: 0 when the locked run sold exactly the stock, 1 if it oversold (a bug), 2 for bad
 usage or an unreachable service.
@@ -29,7 +30,7 @@ usage or an unreachable service.
 
 import sys
 
-from aiodlock._demo import main
+from aiodlock.cli.demo import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="oversell.py"))

@@ -1,9 +1,34 @@
-"""The backend matrix, real servers, and two independent clients per test.
+"""Markers per backend, real servers, capability deselection, and the CI's no-skip rule.
 
-Every conformance test runs once per backend in ``BACKENDS``. Server backends get a real
-server started here (never the machine's own services); a server that cannot start is an
-error, never a skip. With ``--require-all-backends`` (CI and the README's test command) a
-skipped test is turned into a failure too, so a run that claims to cover every backend does.
+Layout:
+
+- ``tests/backends/test_<backend>.py``: one module per backend (and per variant, such as
+  Redis with BLPOP wakeups), each running the shipped conformance suite
+  (``from aiodlock.testing.conformance import *``) with an ``aiodlock_url`` fixture, its
+  probe, and a module attribute ``aiodlock_scheme`` naming the URL scheme.
+- ``tests/test_<backend>.py``: what only that backend has (faults, layout, options).
+- ``tests/test_api.py``, ``tests/test_examples.py``: the public surface, URLs, validation,
+  the examples, the demo and the README.
+
+**Markers.** Every test carries the marker of the backend it needs: ``memory`` (no server, no
+driver: what ``pip install -e '.[dev]' && pytest -m memory`` runs), ``redis``, ``zookeeper``,
+``mysql``. A test without one is a collection error. A new backend registers its marker in
+``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting with
+``backend:``, which is how this file tells backend markers from others), adds its server
+fixture below (importing its driver and harness inside the fixture, never at module level:
+collection must work without any driver installed), and a ``tests/backends/test_<name>.py``
+with ``pytestmark = pytest.mark.<name>``.
+
+**Capabilities.** A test of the conformance suite whose lock kind (the ``make`` parameter) or
+declared needs (``requires(...)`` in the suite, or a ``@pytest.mark.requires(...)`` marker
+here) ask for a capability that the module's backend (``aiodlock_scheme``) does not declare
+is *deselected* at collection, never skipped; so are the suite's process tests on an
+in-process backend. The suite's own ``test_undeclared_kinds_fail_at_construction`` checks
+that each undeclared kind fails with ``UnsupportedError``, so deselection cannot hide a
+missing feature.
+
+**No silent skips.** A server that cannot start is an error, never a skip. With
+``--require-all-backends`` (CI and the README's test command) a skipped test is a failure too.
 
 ``AIODLOCK_TEST_LOOP=uvloop`` runs every test under uvloop instead of the default loop.
 """
@@ -12,24 +37,31 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+import re
+from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import pytest
 
-pytest.register_assert_rewrite("tests.probes", "tests.support_zookeeper", "tests.support_mysql")
+pytest.register_assert_rewrite(
+    "aiodlock.testing.conformance",
+    "tests.helpers",
+    "tests.support_memory",
+    "tests.support_mysql",
+    "tests.support_redis",
+    "tests.support_zookeeper",
+)
 
 # ruff: noqa: E402 - the modules above must be registered for assertion rewriting first
-import aiodlock
-from aiodlock._url import load_backend
-from aiodlock.backends import Capability
-from tests import support_mysql, support_zookeeper
-from tests.probes import MemoryProbe, Probe, RedisProbe
-from tests.servers import RedisServer
+from aiodlock.backends import parse_url
+from aiodlock.testing.conformance import unmet_needs
 
-pytest_plugins = ["tests.support_zookeeper", "tests.support_mysql"]
+if TYPE_CHECKING:
+    from tests.servers import RedisServer
+    from tests.support_mysql import MariaDBServer
+    from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
+
+_BACKEND_MARKER = re.compile(r"^(?P<name>\w+):\s*backend\b")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,60 +96,73 @@ def pytest_runtest_makereport(
     return report
 
 
-def capabilities_of(backend_name: str) -> frozenset[Capability]:
-    return frozenset(load_backend(SCHEMES[backend_name]).capabilities)
+def backend_markers(config: pytest.Config) -> list[str]:
+    """The registered markers whose description starts with ``backend:``."""
+    lines: list[str] = config.getini("markers")
+    return [m["name"] for line in lines if (m := _BACKEND_MARKER.match(line))]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (never skip) a test whose backend does not declare what it needs.
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
+    """Refuse a test without a backend marker; deselect (never skip) what a backend lacks.
 
-    A test states its needs with ``@pytest.mark.requires(Capability.X, ...)``, or through the
-    ``make`` fixture's lock kind. test_capabilities.py checks, for every backend, that each
-    kind it does not declare fails with UnsupportedError at construction, so deselection
-    cannot hide a missing feature.
+    The marker check runs before ``-m`` deselects anything. The deselection runs after:
+    reading a backend's capabilities imports its driver, which ``pytest -m memory`` must never
+    need. Where the driver is missing the items stay, and fail when they run, saying which
+    extra to install.
     """
-    kept, dropped = [], []
+    markers = backend_markers(config)
+    unmarked = [
+        item.nodeid for item in items if not any(item.get_closest_marker(m) for m in markers)
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"tests without a backend marker ({', '.join(markers)}): "
+            + ", ".join(unmarked[:10])
+            + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else "")
+        )
+    yield  # -m and -k deselect here
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
-        params = getattr(item, "callspec", None)
-        backend = params.params.get("backend_name") if params else None
-        needed: set[Capability] = set()
-        for mark in item.iter_markers("requires"):
-            needed.update(mark.args)
-        kind = params.params.get("make") if params else None
-        if kind is not None:
-            needed.update(KIND_NEEDS[kind])
-        if backend is not None and not needed <= capabilities_of(backend):
-            dropped.append(item)
-        else:
-            kept.append(item)
+        scheme = getattr(getattr(item, "module", None), "aiodlock_scheme", None)
+        try:
+            unmet = scheme is not None and unmet_needs(item, scheme) is not None
+        except ImportError:
+            unmet = False
+        (dropped if unmet else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
 
 
-# What each conformance lock kind (the ``make`` fixture's ids) needs from a backend.
-KIND_NEEDS: dict[str, frozenset[Capability]] = {
-    "mutex": frozenset({Capability.EXCLUSIVE}),
-    "reentrant": frozenset({Capability.EXCLUSIVE}),
-    "fair": frozenset({Capability.EXCLUSIVE, Capability.FAIR}),
-    "write": frozenset({Capability.SHARED}),
-    "semaphore1": frozenset({Capability.COUNTING}),
-}
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     return (
-        f"aiodlock backends: {', '.join(BACKENDS)}; "
+        f"aiodlock backend markers: {', '.join(backend_markers(config))}; "
         f"loop: {os.environ.get('AIODLOCK_TEST_LOOP', 'asyncio')}"
     )
 
 
+@pytest.fixture(autouse=True)
+def _url_matches_module_scheme(request: pytest.FixtureRequest) -> None:
+    """A backend module's ``aiodlock_scheme`` (read at collection) is its URL's scheme."""
+    scheme = getattr(request.module, "aiodlock_scheme", None)
+    if scheme is not None and "aiodlock_url" in request.fixturenames:
+        url = request.getfixturevalue("aiodlock_url")
+        assert parse_url(url).scheme == scheme, f"aiodlock_scheme = {scheme!r} but {url=}"
+
+
 # ---------------------------------------------------------------------- servers
+# Each imports its harness (and so its driver) when first used, never at collection.
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One throwaway redis-server for the session (tests use unique namespaces)."""
+    from tests.servers import RedisServer
+
     with RedisServer() as server:
         yield server
 
@@ -127,104 +172,33 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-# ---------------------------------------------------------------------- backend matrix
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One standalone ZooKeeper for the session (tests use unique namespaces)."""
+    from tests.support_zookeeper import ZooKeeperServer
+
+    with ZooKeeperServer() as server:
+        yield server
 
 
-@dataclass
-class Target:
-    """One backend under test: how to connect, and a probe to look behind the library's back."""
+@pytest.fixture(scope="session")
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A three-server quorum, started only for the tests that ask for it."""
+    from tests.support_zookeeper import ZooKeeperEnsemble
 
-    name: str
-    url: str
-    namespace: str
-    options: dict[str, Any]
-    probe: Probe
-
-    def connect(self, **options: Any) -> aiodlock.LockClient:
-        return aiodlock.connect(self.url, namespace=self.namespace, **{**self.options, **options})
-
-    async def break_lock(self, client: aiodlock.LockClient, name: str) -> None:
-        """Destroy the lock's state under its holder (as an operator or an expiry would)."""
-        await self.probe.break_lock(client, self.namespace, name)
-
-    async def leftovers(self) -> list[str]:
-        """State this test's namespace left behind, apart from the fencing counters."""
-        return await self.probe.leftovers(self.namespace)
+    with ZooKeeperEnsemble() as ensemble:
+        yield ensemble
 
 
-async def _memory_target(request: pytest.FixtureRequest, namespace: str) -> Target:
-    return Target("memory", f"memory://{namespace}", namespace, {}, MemoryProbe())
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDBServer]:
+    """One throw-away MariaDB for the session (tests use unique namespaces)."""
+    from tests.support_mysql import MariaDBServer
+
+    with MariaDBServer() as server:
+        yield server
 
 
-async def _redis_target(request: pytest.FixtureRequest, namespace: str) -> Target:
-    url = request.getfixturevalue("redis_url")
-    return Target("redis", url, namespace, {"wakeup": "pubsub"}, RedisProbe(url))
-
-
-async def _redis_blpop_target(request: pytest.FixtureRequest, namespace: str) -> Target:
-    url = request.getfixturevalue("redis_url")
-    return Target("redis-blpop", url, namespace, {"wakeup": "blpop"}, RedisProbe(url))
-
-
-# name -> how to reach it. A backend joins the whole suite by adding itself here (the
-# ZooKeeper and MySQL ones live in their own support modules, which are also pytest plugins
-# for their server fixtures).
-TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
-    "memory": _memory_target,
-    "redis": _redis_target,
-    "redis-blpop": _redis_blpop_target,
-    **support_zookeeper.TARGETS,
-    **support_mysql.TARGETS,
-}
-# name -> URL scheme, to read the backend's declared capabilities at collection time.
-SCHEMES: dict[str, str] = {
-    "memory": "memory",
-    "redis": "redis",
-    "redis-blpop": "redis",
-    **support_zookeeper.SCHEMES,
-    **support_mysql.SCHEMES,
-}
-BACKENDS = tuple(TARGETS)
-SERVER_BACKENDS = tuple(name for name in TARGETS if name != "memory")
-
-
-@pytest.fixture(params=BACKENDS)
-def backend_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def target(backend_name: str, request: pytest.FixtureRequest) -> AsyncIterator[Target]:
-    namespace = f"t{uuid.uuid4().hex[:12]}"
-    made = await TARGETS[backend_name](request, namespace)
-    try:
-        yield made
-    finally:
-        await made.probe.aclose()
-
-
-@pytest.fixture
-async def locks(target: Target) -> AsyncIterator[aiodlock.LockClient]:
-    async with target.connect() as client:
-        yield client
-
-
-@pytest.fixture
-async def other(target: Target) -> AsyncIterator[aiodlock.LockClient]:
-    """A second, independent client: another process, as far as the service can tell."""
-    async with target.connect() as client:
-        yield client
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    """Wait for a condition that no event reports (a waiter queued on a remote service)."""
-    async with asyncio.timeout(10):
-        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the condition
-            await asyncio.sleep(0.001)
-
-
-async def settle(*clients: aiodlock.LockClient) -> None:
-    """Wait until the clients' background cleanups (compensating releases) are done."""
-    for client in clients:
-        while client._cleanups:
-            await asyncio.gather(*client._cleanups)
+@pytest.fixture(scope="session")
+def mysql_url(mariadb_server: MariaDBServer) -> str:
+    return mariadb_server.url

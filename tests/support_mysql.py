@@ -1,7 +1,8 @@
-"""The mysql backend in the test matrix: its server fixture, probe and target factory.
+"""The mysql backend's test harness: a throw-away MariaDB server, the probe, lock names.
 
-TARGETS maps backend names to target factories and SCHEMES backend names to URL schemes;
-tests/conftest.py merges both into the matrix.
+Imported by the MySQL test modules and, lazily, by the server fixtures of tests/conftest.py;
+the aiomysql driver is imported only when a probe is opened, so importing this module needs
+no driver.
 
 :class:`MariaDBServer` runs a throw-away ``mariadbd`` (Debian's MariaDB 10.11): a data directory
 made by ``mariadb-install-db`` in its temporary directory, a free loopback port, a unix socket
@@ -17,27 +18,22 @@ lists user locks still held and ``GET_LOCK`` waits still running in a namespace.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import shutil
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
-import aiomysql
-import pytest
-
-from aiodlock._url import parse_url
-from aiodlock.backends._mysql_names import lock_name, namespace_prefix
-from aiodlock.backends.mysql import MAX_SEMAPHORE_LIMIT
+from aiodlock.backends import parse_url
 from tests.servers import ServerProcess
 
 if TYPE_CHECKING:
     import aiodlock
-    from tests.conftest import Target
 
-__all__ = ["SCHEMES", "TARGETS", "MariaDBServer", "MySQLProbe"]
+__all__ = ["MAX_LOCK_NAME", "MariaDBServer", "MySQLProbe", "lock_name", "namespace_prefix"]
 
 _INSTALL_DB: Final = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
 _ER_NO_SUCH_THREAD: Final = 1094
@@ -178,16 +174,45 @@ class MariaDBServer(ServerProcess):
         return [self.error_log]
 
 
-@pytest.fixture(scope="session")
-def mariadb_server() -> Iterator[MariaDBServer]:
-    """One throw-away MariaDB for the session (tests use unique namespaces)."""
-    with MariaDBServer() as server:
-        yield server
+# ---------------------------------------------------------------------- server-side names
+# The backend's naming rule, restated here as the specification the tests hold it to (the
+# backend's own helpers are private): tests compare these names with what the server shows.
+
+MAX_LOCK_NAME: Final = 64
+"""MySQL's limit on user-lock names (MariaDB has none; the backend keeps to it everywhere)."""
+_HASH_CHARS: Final = 40
+_PREFIX_CHARS: Final = MAX_LOCK_NAME - 1 - _HASH_CHARS
+_SAFE: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.:/@+=,#")
 
 
-@pytest.fixture(scope="session")
-def mysql_url(mariadb_server: MariaDBServer) -> str:
-    return mariadb_server.url
+def lock_name(namespace: str, family: str, name: str, slot: int | None = None) -> str:
+    """The user-lock name of one lock (``family`` ``m``: mutex, ``s``: a semaphore slot).
+
+    Verbatim when ``namespace:family:name[#slot]`` is at most 64 characters of a small
+    lowercase alphabet; otherwise a sanitised 23-character prefix, ``~`` and 40 base32
+    characters of SHA-256 over the NUL-separated parts.
+    """
+    plain = f"{namespace}:{family}:{name}"
+    if slot is not None:
+        plain = f"{plain}#{slot}"
+    if len(plain) <= MAX_LOCK_NAME and _SAFE.issuperset(plain):
+        return plain
+    parts = [p.encode("utf-8", "surrogatepass") for p in (namespace, family, name)]
+    if slot is not None:
+        parts.append(str(slot).encode())
+    digest = hashlib.sha256(b"\x00".join(parts)).digest()
+    tail = base64.b32encode(digest).decode("ascii").lower()[:_HASH_CHARS]
+    prefix = "".join(c if c in _SAFE else "_" for c in plain[: _PREFIX_CHARS * 2].lower())
+    return f"{prefix[:_PREFIX_CHARS]}~{tail}"
+
+
+def namespace_prefix(namespace: str) -> str:
+    """What every lock name of ``namespace`` starts with (exact for short, plain namespaces)."""
+    prefix = "".join(c if c in _SAFE else "_" for c in f"{namespace}:".lower())
+    return prefix[:_PREFIX_CHARS]
+
+
+# ---------------------------------------------------------------------- the probe
 
 
 class MySQLProbe:
@@ -199,6 +224,8 @@ class MySQLProbe:
 
     @classmethod
     async def open(cls, url: str) -> MySQLProbe:
+        import aiomysql
+
         parsed = parse_url(url)
         host, port = parsed.hosts[0]
         conn = await aiomysql.connect(
@@ -262,6 +289,8 @@ class MySQLProbe:
         await self._kill(thread_id)
 
     async def _kill(self, thread_id: int) -> None:
+        import aiomysql
+
         with contextlib.suppress(aiomysql.OperationalError, aiomysql.InternalError):
             await self._query(f"KILL CONNECTION {int(thread_id)}")
 
@@ -273,6 +302,8 @@ class MySQLProbe:
         inside the lock's ``async with`` may be cancelled before KILL's own reply comes back:
         it must not be cancelled *here*, in the middle of the probe's query.
         """
+        from aiodlock.backends.mysql import MAX_SEMAPHORE_LIMIT
+
         candidates = {lock_name(namespace, "m", name)} | {
             lock_name(namespace, "s", name, slot) for slot in range(MAX_SEMAPHORE_LIMIT)
         }
@@ -308,16 +339,3 @@ class MySQLProbe:
             await self._settle()
         finally:
             self._conn.close()
-
-
-async def _mysql_target(request: pytest.FixtureRequest, namespace: str) -> Target:
-    from tests.conftest import Target
-
-    url = request.getfixturevalue("mysql_url")
-    return Target("mysql", url, namespace, {}, await MySQLProbe.open(url))
-
-
-TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
-    "mysql": _mysql_target,
-}
-SCHEMES: dict[str, str] = {"mysql": "mysql"}

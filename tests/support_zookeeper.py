@@ -1,7 +1,8 @@
-"""The zookeeper backend in the test matrix: its server fixture, probe and target factory.
+"""The zookeeper backend's test harness: servers, an ensemble, and the probe.
 
-TARGETS maps backend names to target factories and SCHEMES backend names to URL schemes;
-tests/conftest.py merges both into the matrix.
+Imported by the ZooKeeper test modules and, lazily, by the server fixtures of
+tests/conftest.py; the aiozk driver and the backend module are imported only when a probe is
+made, so importing this module needs no driver.
 
 Servers are Debian's ZooKeeper 3.8 (``/usr/share/java/zookeeper.jar``, whose manifest carries
 its class path) run as ``java ... QuorumPeerMain zoo.cfg`` directly — more controllable than
@@ -9,10 +10,6 @@ its class path) run as ``java ... QuorumPeerMain zoo.cfg`` directly — more con
 200 ms tick (sessions of 0.4 s and up), no fsync, a 0.5 s container reaper and 256 MB of heap
 at most. :class:`ZooKeeperEnsemble` runs three of them as a quorum and finds the leader
 through the ``srvr`` four-letter word.
-
-The conformance target connects to ``zookeeper://127.0.0.1:PORT/conformance?session_timeout=3``:
-a chroot, and a session short enough that a SIGSTOPped holder process is replaced within the
-suite's 5 s acquire timeout (its session expires after 3 s).
 """
 
 from __future__ import annotations
@@ -20,23 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import pytest
-from aiozk import ZKClient, exc as zk_exc
-
-import aiodlock
-from aiodlock.backends.zookeeper import encode_segment, namespace_path
 from tests.servers import INSTALL_HINT, ServerProcess, free_port
 
 if TYPE_CHECKING:
-    from tests.conftest import Target
+    import aiodlock
 
 __all__ = [
-    "SCHEMES",
-    "TARGETS",
     "ZooKeeperEnsemble",
     "ZooKeeperProbe",
     "ZooKeeperServer",
@@ -45,8 +35,6 @@ __all__ = [
 
 ZOOKEEPER_JAR: Final = Path("/usr/share/java/zookeeper.jar")
 SLF4J_SIMPLE_JAR: Final = Path("/usr/share/java/slf4j-simple.jar")
-CONFORMANCE_ROOT: Final = "/conformance"
-CONFORMANCE_SESSION_TIMEOUT: Final = 3.0
 TICK_MS: Final = 200
 
 
@@ -220,23 +208,6 @@ class ZooKeeperEnsemble:
         self.close()
 
 
-# ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def zookeeper_server() -> Iterator[ZooKeeperServer]:
-    """One standalone ZooKeeper for the session (tests use unique namespaces)."""
-    with ZooKeeperServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
-    """A three-server quorum, started only for the tests that ask for it."""
-    with ZooKeeperEnsemble() as ensemble:
-        yield ensemble
-
-
 # ---------------------------------------------------------------------- the probe
 
 
@@ -244,6 +215,8 @@ class ZooKeeperProbe:
     """Looks at the tree with its own plain aiozk client (never through aiodlock)."""
 
     def __init__(self, hosts: str, root: str) -> None:
+        from aiozk import ZKClient
+
         self.hosts = hosts
         self.root = root
         self.client = ZKClient(hosts, session_timeout=10)
@@ -256,6 +229,8 @@ class ZooKeeperProbe:
         return self
 
     async def stat(self, path: str) -> Any | None:
+        from aiozk import exc as zk_exc
+
         try:
             _, stat = await self.client.get(path)
         except zk_exc.NoNode:
@@ -263,6 +238,8 @@ class ZooKeeperProbe:
         return stat
 
     async def children(self, path: str) -> list[str]:
+        from aiozk import exc as zk_exc
+
         try:
             return [str(c) for c in await self.client.get_children(path)]
         except zk_exc.NoNode:
@@ -280,6 +257,8 @@ class ZooKeeperProbe:
 
     async def lock_nodes(self, namespace: str, name: str) -> list[str]:
         """Paths of every contender node of ``name`` (all families)."""
+        from aiodlock.backends.zookeeper import encode_segment, namespace_path
+
         base = f"{namespace_path(self.root, namespace)}/{encode_segment(name)}"
         return [
             f"{base}/{family}/{node}"
@@ -297,6 +276,8 @@ class ZooKeeperProbe:
         ]
 
     async def break_lock(self, client: aiodlock.LockClient, namespace: str, name: str) -> None:
+        from aiozk import exc as zk_exc
+
         nodes = await self.lock_nodes(namespace, name)
         assert nodes, "nothing to break"
         for path in nodes:
@@ -311,6 +292,8 @@ class ZooKeeperProbe:
         persistent node (it shows ephemeralOwner 0 for both), so what counts as left over is
         anything ephemeral and anything below a family directory: a contender node.
         """
+        from aiodlock.backends.zookeeper import namespace_path
+
         return await self.leftovers_under(namespace_path(self.root, namespace))
 
     async def leftovers_under(self, base: str) -> list[str]:
@@ -326,23 +309,3 @@ class ZooKeeperProbe:
             self._started = False
             async with asyncio.timeout(10):
                 await self.client.close()
-
-
-def _hosts_of(url: str) -> str:
-    return url.removeprefix("zookeeper://").split("/", 1)[0]
-
-
-async def _zookeeper_target(request: pytest.FixtureRequest, namespace: str) -> Target:
-    from tests.conftest import Target
-
-    server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
-    url = f"{server.url}{CONFORMANCE_ROOT}?session_timeout={CONFORMANCE_SESSION_TIMEOUT:g}"
-    probe = await ZooKeeperProbe(_hosts_of(server.url), CONFORMANCE_ROOT).start()
-    return Target("zookeeper", url, namespace, {}, probe)
-
-
-TARGETS: dict[str, Callable[[pytest.FixtureRequest, str], Awaitable[Target]]] = {
-    "zookeeper": _zookeeper_target,
-}
-SCHEMES: dict[str, str] = {"zookeeper": "zookeeper"}
-

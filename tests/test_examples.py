@@ -23,12 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 import aiodlock
-from aiodlock import _demo
-from aiodlock.__main__ import main as cli_main
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -111,38 +107,47 @@ def check_demo(stdout: str, *, buyers: int, stock: int) -> None:
     assert "OK: with the lock" in stdout
 
 
+@pytest.mark.memory
 def test_oversell_example_on_memory() -> None:
     stdout = succeeded(run("examples/oversell.py"))
     check_demo(stdout, buyers=300, stock=100)
     assert "300 buyers in 1 process, locks on memory://" in stdout
 
 
+@pytest.mark.memory
 def test_demo_command_runs_the_same_program() -> None:
     stdout = succeeded(run("-m", "aiodlock", "demo", "--buyers", "60", "--stock", "25"))
     check_demo(stdout, buyers=60, stock=25)
 
 
+@pytest.mark.memory
 def test_demo_with_more_stock_than_buyers_sells_to_everyone() -> None:
     stdout = succeeded(run("-m", "aiodlock", "demo", "--buyers", "20", "--stock", "50"))
     locked = demo_rows(stdout)["with lock"]
     assert (locked.sold, locked.final_stock, locked.oversold_by) == (20, 30, 0)
 
 
+@pytest.mark.memory
 def test_demo_via_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     """``main()`` is the ``aiodlock`` console script: it returns the exit status."""
+    from aiodlock.cli import main as cli_main
+
     assert cli_main(["demo", "--buyers", "30", "--stock", "10"]) == 0
     check_demo(capsys.readouterr().out, buyers=30, stock=10)
 
 
+@pytest.mark.memory
 def test_demo_verdict_and_exit_status() -> None:
     """The exit status is 1 when the locked run is not exact (it would be a bug)."""
-    config = _demo.Config("memory://", buyers=300, stock=100, processes=1, shared=False)
-    unlocked = _demo.Run("no lock", 300, _demo.Totals(99, 300, 0, 0), 0.01)
+    from aiodlock.cli import demo
+
+    config = demo.Config("memory://", buyers=300, stock=100, processes=1, shared=False)
+    unlocked = demo.Run("no lock", 300, demo.Totals(99, 300, 0, 0), 0.01)
 
     def report(sold: int, stock: int, refused: int = 0, stale_refused: bool = True) -> Any:
-        totals = _demo.Totals(stock, sold, refused, 300)
-        locked = _demo.Run("with lock", 300, totals, 0.5)
-        return _demo.Report(config, unlocked, locked, 299, stale_refused)
+        totals = demo.Totals(stock, sold, refused, 300)
+        locked = demo.Run("with lock", 300, totals, 0.5)
+        return demo.Report(config, unlocked, locked, 299, stale_refused)
 
     assert report(100, 0).ok
     assert "OK: with the lock, exactly 100 sold" in report(100, 0).render()
@@ -157,6 +162,7 @@ def test_demo_verdict_and_exit_status() -> None:
     assert "oversold by 1" in report(101, 0).render()
 
 
+@pytest.mark.memory
 def test_demo_refuses_processes_on_memory() -> None:
     result = run("-m", "aiodlock", "demo", "--processes", "2")
     assert result.returncode == 2
@@ -166,6 +172,7 @@ def test_demo_refuses_processes_on_memory() -> None:
     assert "--url redis://HOST:PORT/DB" in result.stderr
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -182,6 +189,7 @@ def test_demo_usage_errors(args: list[str], message: str) -> None:
     assert "usage: python -m aiodlock" in result.stderr
 
 
+@pytest.mark.memory
 def test_cli_help_lists_commands() -> None:
     stdout = succeeded(run("-m", "aiodlock", "--help"))
     assert "usage: python -m aiodlock" in stdout
@@ -191,18 +199,21 @@ def test_cli_help_lists_commands() -> None:
         assert option in demo_help
 
 
+@pytest.mark.memory
 def test_cli_without_command_is_a_usage_error() -> None:
     result = run("-m", "aiodlock")
     assert result.returncode == 2
     assert "the following arguments are required: COMMAND" in result.stderr
 
 
+@pytest.mark.memory
 def test_cli_version() -> None:
     assert succeeded(run("-m", "aiodlock", "--version")).strip() == (
         f"python -m aiodlock {aiodlock.__version__}"
     )
 
 
+@pytest.mark.redis
 @pytest.mark.parametrize(
     ("query", "processes"), [("", 1), ("", 2), ("?wakeup=blpop", 2)], ids=["1", "2", "2-blpop"]
 )
@@ -213,6 +224,8 @@ def test_oversell_demo_on_redis(redis_url: str, query: str, processes: int) -> N
     check_demo(stdout, buyers=300, stock=100)
     where = "1 process" if processes == 1 else f"{processes} processes"
     assert f"300 buyers in {where}, locks on redis://" in stdout
+    import redis
+
     client = redis.Redis.from_url(redis_url)
     try:
         leftovers = list(client.scan_iter(match="aiodlock-demo:*"))
@@ -221,7 +234,10 @@ def test_oversell_demo_on_redis(redis_url: str, query: str, processes: int) -> N
     assert leftovers == []  # the demo deletes its stock keys
 
 
+@pytest.mark.redis
 def test_demo_reports_an_unreachable_redis() -> None:
+    from tests.servers import free_port
+
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
     result = run("-m", "aiodlock", "demo", "--url", url)
     assert result.returncode == 2
@@ -234,6 +250,7 @@ def test_demo_reports_an_unreachable_redis() -> None:
 # ---------------------------------------------------------------------- the other examples
 
 
+@pytest.mark.memory
 def test_worker_example() -> None:
     stdout = succeeded(run("examples/worker.py"))
     assert re.search(r"^nightly-report: 8 runs .*; at most 1 at a time$", stdout, re.M), stdout
@@ -244,11 +261,13 @@ def test_worker_example() -> None:
     assert stdout.rstrip().endswith("OK")
 
 
+@pytest.mark.memory
 def test_semaphore_example() -> None:
     stdout = succeeded(run("examples/semaphore.py"))
     assert "10 calls with limit=3: max concurrency observed: 3" in stdout
 
 
+@pytest.mark.memory
 def test_rwlock_example() -> None:
     stdout = succeeded(run("examples/rwlock.py"))
     most = re.search(r"most readers inside at once: (\d+)", stdout)
@@ -258,6 +277,7 @@ def test_rwlock_example() -> None:
     assert "locks.lock('catalog') free while the write lock was held: True" in stdout
 
 
+@pytest.mark.memory
 def test_fastapi_example_script() -> None:
     stdout = succeeded(run("examples/fastapi_app.py"))
     assert "statuses [200]" in stdout
@@ -265,6 +285,7 @@ def test_fastapi_example_script() -> None:
     assert "50 distinct fencing tokens" in stdout
 
 
+@pytest.mark.redis
 @pytest.mark.parametrize(
     ("example", "expected"),
     [
@@ -299,6 +320,7 @@ def fastapi_app() -> Iterator[ModuleType]:
     yield from load_module(EXAMPLES / "fastapi_app.py", "aiodlock_example_fastapi_app")
 
 
+@pytest.mark.memory
 async def test_fastapi_app_serialises_updates_to_one_order(fastapi_app: ModuleType) -> None:
     app: Any = fastapi_app.app
     transport = httpx.ASGITransport(app=app)
@@ -325,6 +347,7 @@ async def test_fastapi_app_serialises_updates_to_one_order(fastapi_app: ModuleTy
     assert "closed" in repr(locks)  # the lifespan closed the client
 
 
+@pytest.mark.memory
 async def test_fastapi_app_refuses_a_stale_token(fastapi_app: ModuleType) -> None:
     table = fastapi_app.OrderTable()
     await table.save(1, fastapi_app.Order(items=1), fencing_token=5)
@@ -356,6 +379,7 @@ def readme_blocks() -> list[Block]:
 RUNNABLE = [b for b in readme_blocks() if b.language == "python" and b.code.startswith("import ")]
 
 
+@pytest.mark.memory
 def test_readme_has_runnable_snippets() -> None:
     python_blocks = [b for b in readme_blocks() if b.language == "python"]
     assert len(RUNNABLE) >= 5
@@ -364,6 +388,7 @@ def test_readme_has_runnable_snippets() -> None:
         assert block.code.startswith("# fragment"), f"README.md line {block.line}"
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
 def test_readme_snippet_runs(block: Block, tmp_path: Path) -> None:
     script = tmp_path / f"readme_line_{block.line}.py"
@@ -371,6 +396,7 @@ def test_readme_snippet_runs(block: Block, tmp_path: Path) -> None:
     succeeded(run(str(script)))
 
 
+@pytest.mark.memory
 async def test_readme_fastapi_snippet_counts_exactly() -> None:
     (block,) = [b for b in RUNNABLE if "FastAPI(" in b.code]
     namespace: dict[str, Any] = {"__name__": "readme_fastapi"}
@@ -386,6 +412,7 @@ async def test_readme_fastapi_snippet_counts_exactly() -> None:
     assert namespace["ORDERS"] == {3: 20}
 
 
+@pytest.mark.memory
 def test_readme_quick_start_commands() -> None:
     commands = [
         line.strip()

@@ -1,8 +1,7 @@
 """MySQL/MariaDB backend: faults on a real server, names, fencing table, connections, example.
 
-The conformance suite (test_conformance.py, test_kinds.py, test_capabilities.py,
-test_processes.py) runs on this backend through the ``mysql`` target; this file covers what
-is specific to it: ``KILL CONNECTION`` of a holder, a server restart or crash under waiters,
+The conformance suite runs on this backend in tests/backends/test_mysql.py; this file covers
+what is specific to it: ``KILL CONNECTION`` of a holder, a server restart or crash under waiters,
 connections left behind by cancelled waiters (``SHOW PROCESSLIST``), hashed long names, the
 fencing table, the MySQL-8 whole-second timeout path, option checking and the inventory
 example.
@@ -18,17 +17,21 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import pytest
 
 import aiodlock
-from aiodlock.backends import Kind, LockSpec
-from aiodlock.backends._mysql_names import MAX_LOCK_NAME, lock_name
-from aiodlock.backends.mysql import MySQLBackend
+from aiodlock.backends import Busy, Kind, LockSpec
 from aiodlock.testing import History
 from tests.servers import free_port
-from tests.support_mysql import MariaDBServer, MySQLProbe
+from tests.support_mysql import MAX_LOCK_NAME, MariaDBServer, MySQLProbe, lock_name
+
+if TYPE_CHECKING:
+    from aiodlock.backends.mysql import MySQLBackend
+
+pytestmark = pytest.mark.mysql
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +55,9 @@ def connect(url: str, ns: str, **options: object) -> aiodlock.LockClient:
 
 
 def backend_of(client: aiodlock.LockClient) -> MySQLBackend:
-    backend = client._backend
+    from aiodlock.backends.mysql import MySQLBackend
+
+    backend = client.backend
     assert isinstance(backend, MySQLBackend)
     return backend
 
@@ -255,12 +260,9 @@ async def test_idle_connections_never_hold_a_lock(
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await (await task).release()
-        idle = {c.thread_id for c in backend_of(a)._idle} | {
-            c.thread_id for c in backend_of(b)._idle
-        }
-        assert idle
-        holders = set((await probe.user_locks(ns)).values())
-        assert not idle & holders
+        idle = backend_of(a).statistics()["idle"] + backend_of(b).statistics()["idle"]
+        assert idle > 0
+        assert await probe.user_locks(ns) == {}  # no session, idle or in use, holds a lock
         assert backend_of(a).statistics()["held"] == backend_of(b).statistics()["held"] == 0
     assert await probe.leftovers(ns) == []
 
@@ -309,7 +311,7 @@ async def test_waiter_leaving_with_an_unclaimed_server_grant_releases_it(
         holder = await a.lock("handoff").acquire()
         for how in ("normal exit", "cancelled"):
             owner = uuid.uuid4().hex
-            assert isinstance(await backend.try_acquire(spec, owner, 5.0), aiodlock.backends.Busy)
+            assert isinstance(await backend.try_acquire(spec, owner, 5.0), Busy)
             with pytest.raises(asyncio.CancelledError) if how == "cancelled" else _nothing():
                 async with backend.waiter(spec, owner) as waiter:
                     await holder.release()
@@ -460,7 +462,7 @@ async def test_password_never_shows(mysql_url: str, ns: str) -> None:
     async with connect(mysql_url, ns) as c:
         clean(repr(c))
         clean(repr(c.lock("x")))
-        clean(c._backend.describe())
+        clean(c.backend.describe())
         clean(str(c.statistics()))
         assert "***" in repr(c)
     wrong = quote("wrong" + secret, safe="")

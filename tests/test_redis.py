@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest
-import redis.asyncio as aioredis
 
 import aiodlock
-from tests.conftest import wait_until
-from tests.servers import RedisServer
+from aiodlock.backends import parse_url
+from tests.helpers import wait_until
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
 async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    import redis.asyncio as aioredis
+
     client = aioredis.Redis.from_url(redis_url)
     try:
         yield client
@@ -103,6 +110,8 @@ async def test_waiter_is_woken_after_pubsub_connection_is_killed(
 
 
 async def test_unreachable_server_is_a_backend_error_without_the_password() -> None:
+    from tests.servers import RedisServer
+
     server = RedisServer()
     port = server.port  # a free port nobody listens on
     with pytest.raises(aiodlock.BackendError) as info:
@@ -117,6 +126,8 @@ async def test_holder_survives_server_restart_as_a_loss_not_a_hang(
     redis_url: str,
 ) -> None:
     """A restarted server forgets every lock: holders must hear about it, not hang."""
+    from tests.servers import RedisServer
+
     server = RedisServer().start()
     try:
         async with aiodlock.connect(server.url, namespace="restart", ttl=0.6) as locks:
@@ -126,3 +137,15 @@ async def test_holder_survives_server_restart_as_a_loss_not_a_hang(
                     await asyncio.sleep(5)
     finally:
         server.close()
+
+
+def test_password_never_shown() -> None:
+    client = aiodlock.connect("redis://user:s3cret@127.0.0.1:1/0")
+    assert "s3cret" not in repr(client)
+    assert "s3cret" not in repr(parse_url("redis://user:s3cret@h:1/0"))
+    with pytest.raises(ValueError, match="wakeup") as info:
+        aiodlock.connect("redis://user:s3cret@127.0.0.1:1/0?wakeup=carrier-pigeon")
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown URL scheme") as info2:
+        aiodlock.connect("bogus://user:s3cret@h")
+    assert "s3cret" not in str(info2.value)

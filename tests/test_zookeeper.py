@@ -21,15 +21,21 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import aiodlock
-from aiodlock.backends.zookeeper import ZooKeeperBackend, encode_segment, namespace_path
+from aiodlock.backends import Kind, LockSpec
 from aiodlock.testing import History
-from tests.conftest import settle, wait_until
+from tests.helpers import wait_until
 from tests.servers import LOOPBACK
 from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperProbe, ZooKeeperServer
+
+if TYPE_CHECKING:
+    from aiodlock.backends.zookeeper import ZooKeeperBackend
+
+pytestmark = pytest.mark.zookeeper
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,13 +126,29 @@ async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 
 
 
 def backend_of(client: aiodlock.LockClient) -> ZooKeeperBackend:
-    backend = client._backend
+    from aiodlock.backends.zookeeper import ZooKeeperBackend
+
+    backend = client.backend
     assert isinstance(backend, ZooKeeperBackend)
     return backend
 
 
 def session_of(client: aiodlock.LockClient) -> int:
     return int(backend_of(client).statistics()["session_id"], 16)
+
+
+def encode_segment(text: str) -> str:
+    """The backend's node-name encoding of one path segment (a namespace, a lock name)."""
+    from aiodlock.backends import zookeeper
+
+    return zookeeper.encode_segment(text)
+
+
+def namespace_path(root: str, namespace: str) -> str:
+    """The backend's directory of ``namespace`` under the chroot-relative ``root``."""
+    from aiodlock.backends import zookeeper
+
+    return zookeeper.namespace_path(root, namespace)
 
 
 @pytest.fixture
@@ -351,7 +373,7 @@ async def test_cancelling_100_waiters_leaves_no_znode(
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
-        await settle(crowd)
+        await crowd.settle()
         assert len(await probe.lock_nodes(namespace, "crowded")) == 1  # the holder's
         stats = backend_of(crowd).statistics()
         assert (stats["entries"], stats["waiters"], stats["watches"]) == (0, 0, 0)
@@ -374,7 +396,7 @@ async def test_cancelling_acquisitions_at_random_moments_leaves_no_znode(
             await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.001, 0.003]))
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await settle(crowd)
+        await crowd.settle()
         await holder.release()
         await eventually(lambda: _no_nodes(probe, namespace, "busy"), timeout=5)
         stats = backend_of(crowd).statistics()
@@ -442,7 +464,7 @@ async def test_a_cancelled_create_whose_reply_never_came_leaves_nothing(
             await acquiring
         proxy.swallow_replies = False
         proxy.cut()
-        await settle(locks)
+        await locks.settle()
         await eventually(lambda: _count_is(probe, namespace, "stuck", 1), timeout=10)
         await holder.release()
     assert await probe.leftovers(namespace) == []
@@ -561,7 +583,8 @@ async def test_a_lease_outside_async_with_is_marked_lost_when_the_grace_runs_out
     ):
         lock = locks.lock("signalled", ttl=30)
         lease = await lock.acquire()
-        signal = backend_of(locks).loss_signal(lock._spec, lease._owner)
+        spec = LockSpec(namespace, "signalled", Kind.MUTEX)
+        signal = backend_of(locks).loss_signal(spec, lease.owner)
         assert signal is not None and not signal.is_set()
         proxy.partitioned = True
         cut = loop.time()

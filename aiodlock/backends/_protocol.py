@@ -1,7 +1,13 @@
-"""The contract between the lock kinds and a coordination service.
+"""The contract between the core and a coordination service — every rule, written down.
 
 A backend does one atomic step per call and knows nothing about waiting loops, watchdogs,
-reentrancy or cancellation bookkeeping: those are written once in :mod:`aiodlock._locks`.
+reentrancy or cancellation bookkeeping: those are written once in the core (the wait loop in
+``aiodlock._acquire``, the keep-alive in ``aiodlock._watchdog``, compensation in
+``aiodlock._supervisor``). A new backend implements :class:`Backend`, declares its
+:class:`Capability` set, and registers its URL scheme under the entry-point group
+``aiodlock.backends``; nothing in aiodlock needs editing. Its test module runs the shipped
+conformance suite (``from aiodlock.testing.conformance import *`` plus an ``aiodlock_url``
+fixture).
 
 The contract, per method:
 
@@ -10,18 +16,21 @@ The contract, per method:
     greater than every token handed out before for this lock) or :class:`Busy` (with how long,
     at most, until it is worth asking again — the blocking holder's remaining lease, or the
     heartbeat interval a fair-queue waiter must keep). ``owner`` is a fresh random lowercase
-    hex string per acquisition (safe in keys, paths and messages); a fair backend may enqueue
-    ``owner`` on a ``Busy`` answer.
+    hex string per acquisition (safe in keys, paths and messages). A backend whose ``Busy``
+    leaves ``owner`` queued (a ZooKeeper node, a fair-queue entry) says so with
+    ``queues_on_busy`` (or, for fair locks only, through ``spec.fair``); the core then always
+    follows a ``Busy`` with ``waiter()`` or with ``release()``.
 
 ``release(spec, owner)``
     Release-if-owner. Idempotent: ``True`` if ``owner`` held it and no longer does, ``False``
     if it did not hold it (already released, expired, or never granted). Must also remove a
-    fair-queue entry of ``owner``, so it doubles as the compensation for an acquire whose
-    outcome is unknown (cancelled in flight, connection dropped before the reply).
+    queue entry of ``owner``, so it doubles as the compensation for an acquire whose outcome
+    is unknown (cancelled in flight, connection dropped before the reply) and as "leave the
+    queue" for a caller that will not wait.
 
 ``renew(spec, owner, ttl)``
     Confirm ownership and extend the lease to ``ttl`` from now. ``False`` if ``owner`` no longer
-    holds it. Never resurrects an expired lease.
+    holds it. Never resurrects an expired lease. Session backends may confirm without extending.
 
 ``loss_signal(spec, owner)``
     For a lease held by ``owner``: an :class:`asyncio.Event` the backend sets the moment it
@@ -36,9 +45,21 @@ The contract, per method:
     wakeups are allowed (the caller always re-checks). Leaving it unsubscribes; it must leave
     nothing behind even when cancelled.
 
+    *When it is entered.* After a ``Busy`` the core enters ``waiter(spec, owner)`` for the same
+    ``owner`` **in the same event-loop step** (no ``await`` in between), and after leaving it
+    either holds a grant or calls ``release(spec, owner)``. A queueing backend may rely on
+    this: e.g. ZooKeeper keeps the queue node created by ``try_acquire`` only if ``waiter()``
+    claims it before the loop runs anything else, and deletes it otherwise.
+
 Every call is bounded in time by the backend itself (connect, request or socket timeouts):
 the core adds no timer of its own on the hot path. Driver exceptions are translated to
-:class:`~aiodlock.BackendError` inside the backend.
+:class:`~aiodlock.BackendError` inside the backend; a programming error (a closed backend, an
+argument it cannot serve) is ``RuntimeError``/``TypeError``/``ValueError``.
+
+Optional operations are declared by capability and checked with ``isinstance`` against the
+runtime-checkable protocols below: :class:`Inspector` (``Capability.INSPECT``: who holds what,
+for an operator) and :class:`Breaker` (``Capability.BREAK``: force-release). The operator CLI
+and leader election use them; the lock kinds never do.
 """
 
 from __future__ import annotations
@@ -48,14 +69,18 @@ import enum
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 __all__ = [
     "Backend",
+    "Breaker",
     "Busy",
     "Capability",
     "Grant",
+    "HolderInfo",
+    "Inspector",
     "Kind",
+    "LockInfo",
     "LockSpec",
     "Waiter",
 ]
@@ -80,6 +105,10 @@ class Capability(enum.Enum):
     """A lease lives as long as a session or connection (ZooKeeper, MySQL)."""
     SERVER_WAKEUP = "server_wakeup"
     """Waiters are woken by the service; nothing sleep-polls."""
+    INSPECT = "inspect"
+    """Optional: the backend is an :class:`Inspector` (lists holders, for operators)."""
+    BREAK = "break"
+    """Optional: the backend is a :class:`Breaker` (force-release, bumping the fencing token)."""
 
 
 class Kind(enum.Enum):
@@ -104,6 +133,14 @@ _REQUIRED: dict[Kind, frozenset[Capability]] = {
 }
 
 
+_NOUNS: dict[Kind, str] = {
+    Kind.MUTEX: "lock",
+    Kind.READ: "read lock",
+    Kind.WRITE: "write lock",
+    Kind.SEMAPHORE: "semaphore",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class LockSpec:
     """Which lock a call is about: the backend derives its keys from ``namespace`` and ``name``.
@@ -117,6 +154,10 @@ class LockSpec:
     kind: Kind
     limit: int = 1
     fair: bool = False
+
+    def describe(self) -> str:
+        """``"lock 'x'"``, ``"read lock 'x'"``, ``"semaphore 'x'"``: for messages."""
+        return f"{_NOUNS[self.kind]} {self.name!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +179,34 @@ class Busy:
     retry_after: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    """One holder of a lock, as the service sees it.
+
+    ``expires_in`` is the lease's remaining seconds, ``None`` for a session lease (ZooKeeper,
+    MySQL) that lives as long as its holder's connection.
+    """
+
+    owner: str
+    expires_in: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """What :meth:`Inspector.inspect` reports for one lock in use.
+
+    ``fencing_token`` is the newest token handed out for the name (``None`` if the backend
+    cannot tell); ``waiters`` the number of queued or blocked waiters where the backend can
+    tell, else ``None``.
+    """
+
+    name: str
+    kind: Kind
+    holders: tuple[HolderInfo, ...]
+    fencing_token: int | None
+    waiters: int | None
+
+
 class Waiter(Protocol):
     """A live wakeup subscription for one waiting acquisition."""
 
@@ -157,8 +226,9 @@ class Backend(Protocol):
     capabilities: ClassVar[frozenset[Capability]]
     options: ClassVar[Mapping[str, type]]
     queues_on_busy: ClassVar[bool]
-    """True if a ``Busy`` answer leaves ``owner`` queued (ZooKeeper nodes, fair Redis), so a
-    caller that will not wait must ``release`` to leave the queue."""
+    """True if every ``Busy`` answer leaves ``owner`` queued (ZooKeeper nodes), so a caller
+    that will not wait must ``release`` to leave the queue. Fair locks (``spec.fair``) are
+    always treated as queueing; declare False if only they queue."""
 
     async def open(self) -> None:
         """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable."""
@@ -198,4 +268,24 @@ class Backend(Protocol):
 
     def statistics(self) -> Mapping[str, Any]:
         """Backend counters (connections, subscriptions...) for ``LockClient.statistics()``."""
+        ...
+
+
+@runtime_checkable
+class Inspector(Protocol):
+    """Optional (``Capability.INSPECT``): list the locks in use now, for operators."""
+
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every lock of ``namespace`` whose name matches the glob ``pattern`` and that has
+        holders, or waiters where the backend can tell."""
+        ...
+
+
+@runtime_checkable
+class Breaker(Protocol):
+    """Optional (``Capability.BREAK``): force-release a lock, whoever holds it."""
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """Drop every holder of ``spec`` and bump its fencing token so that a broken holder's
+        writes are refused; return how many holders were dropped."""
         ...

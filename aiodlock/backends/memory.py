@@ -7,7 +7,8 @@ come from a per-name counter, waiters are woken directly (one per release, all f
 release), and fair locks hand over in arrival order.
 
 It is a product feature — embedded default, examples, and unit tests of your own code — and
-carries fault-injection hooks for such tests: :meth:`MemoryBackend.break_lock` drops the
+carries the optional operations an operator (and a fault-injection test) uses:
+:meth:`MemoryBackend.inspect` lists the held locks, :meth:`MemoryBackend.break_lock` drops the
 holders of a lock as if their leases had expired or the key had been deleted.
 
 Example::
@@ -20,13 +21,23 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 from .._url import ParsedURL
-from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._protocol import (
+    Busy,
+    Capability,
+    Grant,
+    HolderInfo,
+    Kind,
+    LockInfo,
+    LockSpec,
+    Waiter,
+)
 from ._wakeup import BankedWakeup
 
 __all__ = ["MemoryBackend"]
@@ -103,6 +114,9 @@ def _family(kind: Kind) -> str:
     return "rw"
 
 
+_KIND_OF = {"mutex": Kind.MUTEX, "semaphore": Kind.SEMAPHORE, "rw": Kind.READ}
+
+
 class MemoryBackend:
     """In-process backend with every capability (see the module docstring)."""
 
@@ -115,6 +129,8 @@ class MemoryBackend:
             Capability.FENCING,
             Capability.TTL_LEASE,
             Capability.SERVER_WAKEUP,
+            Capability.INSPECT,
+            Capability.BREAK,
         }
     )
     options: ClassVar[Mapping[str, type]] = {}
@@ -221,20 +237,42 @@ class MemoryBackend:
             if entry.empty() and self._store.entries.get(key) is entry:
                 del self._store.entries[key]
 
-    # ------------------------------------------------------------------ fault injection
+    # ------------------------------------------------------------------ operator operations
 
-    def break_lock(self, namespace: str, name: str) -> int:
-        """Drop every holder of ``name`` (all families), as if their leases expired.
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every lock of ``namespace`` with holders or waiters whose name matches ``pattern``."""
+        now = asyncio.get_running_loop().time()
+        found = []
+        for (ns, name, family), entry in sorted(self._store.entries.items()):
+            entry.purge(now)
+            if ns != namespace or entry.empty() or not fnmatch.fnmatchcase(name, pattern):
+                continue
+            kinds = {holder.kind for holder in entry.holders.values()} or {_KIND_OF[family]}
+            kind = Kind.WRITE if Kind.WRITE in kinds else min(kinds, key=lambda k: k.value)
+            holders = tuple(
+                HolderInfo(owner, max(holder.expires_at - now, 0.0))
+                for owner, holder in entry.holders.items()
+            )
+            waiters = len(entry.waiters) + len(entry.queue)
+            token = self._store.fences.get((ns, name))
+            found.append(LockInfo(name, kind, holders, token, waiters))
+        return found
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """Drop every holder of ``spec``'s lock, as if their leases expired, and bump its
+        fencing counter.
 
         The holders' next renewal is refused, so their watchdogs report the loss. Waiters are
         woken. Returns how many holders were dropped.
         """
-        dropped = 0
-        for (ns, n, _), entry in self._store.entries.items():
-            if (ns, n) == (namespace, name):
-                dropped += len(entry.holders)
-                entry.holders.clear()
-                entry.wake_all()
+        entry = self._store.entries.get(self._key(spec))
+        if entry is None or not entry.holders:
+            return 0
+        dropped = len(entry.holders)
+        entry.holders.clear()
+        entry.wake_all()
+        fence_key = (spec.namespace, spec.name)
+        self._store.fences[fence_key] = self._store.fences.get(fence_key, 0) + 1
         return dropped
 
     # ------------------------------------------------------------------ internals

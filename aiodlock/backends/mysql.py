@@ -62,7 +62,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from .._exceptions import BackendError, UnsupportedError
-from .._url import check_seconds
+from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter

@@ -70,7 +70,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from .._exceptions import BackendError, LockError, UnsupportedError
-from .._url import check_seconds
+from .._validate import check_seconds
 from . import _redis_scripts as lua
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec
 from ._redis_wakeup import BlockingSignals, BlpopWaiter, PubSubHub, PubSubWaiter

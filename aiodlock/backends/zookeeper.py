@@ -99,7 +99,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from .._exceptions import BackendError
-from .._url import ParsedURL, check_seconds
+from .._url import ParsedURL
+from .._validate import check_seconds
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
 from ._wakeup import BankedWakeup
 from ._zk_session import (

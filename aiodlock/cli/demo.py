@@ -1,4 +1,8 @@
-"""The oversell demo: ``python -m aiodlock demo`` and ``examples/oversell.py``.
+"""The ``demo`` command: the oversell demo (``python -m aiodlock demo``, ``examples/oversell.py``).
+
+This module owns the buyers, the runs without and with the lock, the report and the demo's
+options; where the stock is kept (and the fenced write) is :mod:`aiodlock.cli._stock`. Like
+any application, it uses aiodlock's public API only.
 
 A shop has ``--stock`` items of one product and ``--buyers`` concurrent buyers. Every buyer
 reads the stock, thinks for a moment (``await asyncio.sleep``: a payment call, a slow query),
@@ -15,8 +19,8 @@ carries an older one: that check, made by the data store rather than by the lock
 a paused holder whose lease has run out harmless. With ``memory://`` the stock is a Python object
 guarded by :class:`aiodlock.FencingGuard`; with ``redis://`` (also ``rediss://``, ``unix://``)
 it is kept in Redis keys through redis-py — the data is the application's — and the fenced write
-is the Lua compare-and-set in :data:`FENCED_WRITE`. Only a shared store lets several processes
-sell from the same stock, so ``--processes N`` needs a Redis URL.
+is the Lua compare-and-set ``FENCED_WRITE`` in :mod:`aiodlock.cli._stock`. Only a shared store
+lets several processes sell from the same stock, so ``--processes N`` needs a Redis URL.
 
 Exit status: 0 when the locked run sold exactly what was in stock, 1 when it did not (that would
 be a bug in aiodlock), 2 for bad usage or when the demo could not run (service unreachable).
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import multiprocessing
 import queue
 import random
@@ -37,21 +40,32 @@ import traceback
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol, TextIO
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Final, TextIO
+from urllib.parse import unquote, urlsplit
 
 import aiodlock
 
-from ._url import load_backend, parse_url
+from ._stock import MemoryStock, RedisStock, StockStore, Totals
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Barrier
 
-    import redis.asyncio
+__all__ = [
+    "DESCRIPTION",
+    "HELP",
+    "NAME",
+    "Config",
+    "Report",
+    "Run",
+    "Totals",
+    "add_arguments",
+    "main",
+    "run",
+]
 
-__all__ = ["DESCRIPTION", "add_arguments", "main", "run"]
-
+NAME: Final = "demo"
+HELP: Final = "the oversell demo: concurrent buyers without and with a lock"
 DESCRIPTION: Final = (
     "The oversell demo: concurrent buyers read the stock, wait a moment, and write stock - 1. "
     "Without a lock the stock is oversold; with aiodlock's lock exactly the stock is sold."
@@ -63,8 +77,6 @@ THINK_SECONDS: Final = (0.001, 0.003)
 read first when there is no lock, short enough for the locked run to take a moment."""
 SHARED_SCHEMES: Final = frozenset({"redis", "rediss", "unix"})
 """URL schemes whose service also keeps the stock, so that several processes can share it."""
-DATA_CONNECTIONS: Final = 32
-"""Connections per process for the stock in Redis."""
 START_TIMEOUT: Final = 60.0
 RUN_TIMEOUT: Final = 300.0
 
@@ -96,172 +108,6 @@ async def run_buyers(
     async with asyncio.TaskGroup() as group:
         for _ in range(buyers):
             group.create_task(buyer(locks, store, locked=locked))
-
-
-# ---------------------------------------------------------------------- where the stock is kept
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    """The stock record after a run."""
-
-    stock: int
-    sold: int
-    refused: int
-    """Fenced writes refused because their token was older than the newest one written."""
-    newest_token: int
-
-
-class StockStore(Protocol):
-    """The stock of one product, and the sales made from it."""
-
-    async def reset(self, quantity: int) -> None:
-        """Put ``quantity`` items in stock; forget sales, refusals and tokens."""
-        ...
-
-    async def read(self) -> int:
-        """The stock now."""
-        ...
-
-    async def sell(self, remaining: int, *, token: int | None) -> bool:
-        """Write ``remaining`` as the new stock and count one sale.
-
-        With a fencing ``token``, only if it is not older than the newest token written so
-        far; a refused write changes nothing and returns False.
-        """
-        ...
-
-    async def totals(self) -> Totals:
-        """Stock, sales, refused writes and the newest token, as stored."""
-        ...
-
-    async def aclose(self) -> None:
-        """Drop connections (the data stays)."""
-        ...
-
-
-class MemoryStock:
-    """The stock as a Python object, for ``memory://``: one process only."""
-
-    def __init__(self) -> None:
-        self._stock = 0
-        self._sold = 0
-        self._refused = 0
-        self._guard = aiodlock.FencingGuard()
-
-    async def reset(self, quantity: int) -> None:
-        self._stock, self._sold, self._refused = quantity, 0, 0
-        self._guard = aiodlock.FencingGuard()
-
-    async def read(self) -> int:
-        return self._stock
-
-    async def sell(self, remaining: int, *, token: int | None) -> bool:
-        if token is not None:
-            try:
-                self._guard.check(token)  # a newer holder has written: refuse
-            except aiodlock.StaleTokenError:
-                self._refused += 1
-                return False
-        self._stock = remaining
-        self._sold += 1
-        return True
-
-    async def totals(self) -> Totals:
-        return Totals(self._stock, self._sold, self._refused, self._guard.newest)
-
-    async def aclose(self) -> None:
-        pass
-
-
-FENCED_WRITE: Final = """
--- The fenced write: the data store, not the lock, has the last word.
--- KEYS[1] stock, KEYS[2] newest fencing token written, KEYS[3] sales, KEYS[4] refused writes
--- ARGV[1] the new stock, ARGV[2] the writer's fencing token
--- A writer whose token is older than the newest one written here held the lock once but has
--- lost it since (it was paused while its lease ran out, and another buyer got the lock): its
--- write is refused. Otherwise the token is remembered with the data, atomically.
-local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[2]) < newest then
-    redis.call('INCR', KEYS[4])
-    return 0
-end
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('INCR', KEYS[3])
-return 1
-"""
-
-
-class RedisStock:
-    """The stock in Redis keys, for ``redis://``: shared by every process of the demo.
-
-    The keys share the hash tag ``{run}``, so the fenced-write script touches one slot (it would
-    run on Redis Cluster too), and every run of the demo has keys of its own.
-    """
-
-    def __init__(self, url: str, run: str) -> None:
-        try:
-            import redis.asyncio
-        except ImportError:  # pragma: no cover - the redis:// backend needs it anyway
-            raise ImportError(
-                "the demo keeps its stock in Redis with redis-py: pip install 'aiodlock[redis]'"
-            ) from None
-        # A bounded pool that makes commands wait for a free connection (redis-py's default
-        # pool raises "Too many connections" instead when hundreds of buyers read at once).
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            data_url(url), max_connections=DATA_CONNECTIONS
-        )
-        self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_pool(pool)
-        prefix = f"{NAMESPACE}:{{{run}}}"
-        self._stock, self._newest, self._sold, self._refused = (
-            f"{prefix}:{field}" for field in ("stock", "newest-token", "sold", "refused")
-        )
-        self._fenced_write = self._redis.register_script(FENCED_WRITE)
-
-    @property
-    def keys(self) -> list[str]:
-        return [self._stock, self._newest, self._sold, self._refused]
-
-    async def reset(self, quantity: int) -> None:
-        await self._redis.mset(
-            {self._stock: quantity, self._newest: 0, self._sold: 0, self._refused: 0}
-        )
-
-    async def read(self) -> int:
-        return int(await self._redis.get(self._stock) or 0)
-
-    async def sell(self, remaining: int, *, token: int | None) -> bool:
-        if token is None:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.set(self._stock, remaining)
-                pipe.incr(self._sold)
-                await pipe.execute()
-            return True
-        written = await self._fenced_write(keys=self.keys, args=[remaining, token])
-        return bool(written)
-
-    async def totals(self) -> Totals:
-        values = await self._redis.mget(self.keys)
-        stock, newest, sold, refused = (int(v or 0) for v in values)
-        return Totals(stock, sold, refused, newest)
-
-    async def delete(self) -> None:
-        """Remove this run's keys; best effort, so as not to hide why a run failed."""
-        from redis.exceptions import RedisError
-
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.delete(*self.keys)
-
-    async def aclose(self) -> None:
-        await self._redis.aclose()
-
-
-def data_url(url: str) -> str:
-    """The lock URL as a redis-py URL: aiodlock's query options dropped, ``db`` kept."""
-    parts = urlsplit(url)
-    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "db"]
-    return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
 # ---------------------------------------------------------------------- one run of each mode
@@ -315,7 +161,7 @@ class Report:
         where = "1 process" if config.processes == 1 else f"{config.processes} processes"
         lines = [
             f"aiodlock oversell demo: {config.stock} items in stock, {config.buyers} buyers "
-            f"in {where}, locks on {parse_url(config.url).redacted()}",
+            f"in {where}, locks on {shown_url(config.url)}",
             "",
             f"{'mode':<10} {'buyers':>7} {'sold':>6} {'final stock':>12} "
             f"{'oversold by':>12} {'elapsed':>9}",
@@ -355,6 +201,16 @@ class Report:
         return "\n".join(lines)
 
 
+def shown_url(url: str) -> str:
+    """``url`` as the report shows it: any password as ``***``, no query options."""
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit("x://" + rest)  # several comma-separated hosts: keep the netloc as is
+    auth, at, hosts = parts.netloc.rpartition("@")
+    user, _, password = auth.partition(":")
+    shown_auth = unquote(user) + (":***" if password else "") + at if user or password else ""
+    return f"{scheme.lower()}://{shown_auth}{hosts}{unquote(parts.path)}"
+
+
 class DemoError(Exception):
     """The demo could not run (a buyer process failed, the service is unreachable...)."""
 
@@ -364,7 +220,9 @@ async def run_demo(config: Config) -> Report:
     run_id = uuid.uuid4().hex[:12]
     # Connecting first reports an unreachable service before anything else happens.
     async with aiodlock.connect(config.url, namespace=NAMESPACE) as locks:
-        store: StockStore = RedisStock(config.url, run_id) if config.shared else MemoryStock()
+        store: StockStore = (
+            RedisStock(config.url, run_id, namespace=NAMESPACE) if config.shared else MemoryStock()
+        )
         try:
             runs = []
             for mode, locked in (("no lock", False), ("with lock", True)):
@@ -486,7 +344,7 @@ def buyer_process(
 async def _buyer_process(
     url: str, run_id: str, buyers: int, locked: bool, barrier: Barrier
 ) -> None:
-    store = RedisStock(url, run_id)
+    store = RedisStock(url, run_id, namespace=NAMESPACE)
     try:
         async with aiodlock.connect(url, namespace=NAMESPACE) as locks:
             await asyncio.to_thread(barrier.wait, START_TIMEOUT)
@@ -534,10 +392,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
     url: str = args.url
     try:
-        scheme = parse_url(url).scheme
-        load_backend(scheme)
+        # connect() checks the URL and its options and connects nothing (entering the client
+        # does): a bad --url is a usage error, in connect()'s own words.
+        aiodlock.connect(url, namespace=NAMESPACE)
     except (ValueError, TypeError, ImportError) as exc:
         parser.error(f"--url: {exc}")
+    scheme = url.partition("://")[0].lower()
     processes: int = args.processes
     shared = scheme in SHARED_SCHEMES
     if processes > 1 and not shared:

@@ -1,4 +1,4 @@
-"""Helpers for testing code that uses aiodlock: a history recorder and its checker.
+"""A history recorder and its checker (re-exported by :mod:`aiodlock.testing`).
 
 Record every critical section (who held it, with which fencing token, from when to when on
 the system-wide monotonic clock), from any number of tasks or processes, then check that no

@@ -1,0 +1,187 @@
+"""The one wait loop: try, arm the wakeup, re-check, wait (capped), repeat.
+
+Shared by every lock kind and by recipes built on the public API. It is the same for every
+backend: try; if refused, arm the wakeup (subscribe), *then* try again (a release between the
+two would otherwise be missed); then wait until woken or until the blocking holder's lease
+could have run out (``Busy.retry_after``), and repeat. Nothing sleeps on a fixed interval.
+
+Every attempt whose outcome is unknown (cancelled in flight, connection dropped before the
+reply) is compensated with a release-if-owner in the client's supervisor, and so is a grant
+that lands while the waiter is being left, and a queue entry nobody will wait on.
+
+Example (what ``Lock.acquire`` does)::
+
+    granted = await wait_for_grant(backend, supervisor, turns, spec, ttl=30.0,
+                                   timeout=5.0, counters=counters)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+
+from ._exceptions import LockTimeoutError
+from ._local import Turns, is_exclusive
+from ._supervisor import Supervisor
+from .backends._protocol import Backend, Busy, Grant, LockSpec
+
+__all__ = ["AcquireCounters", "Granted", "attempt_once", "wait_for_grant"]
+
+
+@dataclass(slots=True)
+class AcquireCounters:
+    """Acquisitions of one lock object: waiting now, granted, timed out."""
+
+    waiting: int = 0
+    acquired: int = 0
+    timeouts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A grant: ``owner`` holds the lock with ``fencing_token``; the request left at ``sent``
+    (loop time), from which the lease's local validity is counted."""
+
+    owner: str
+    fencing_token: int
+    sent: float
+
+
+def queues(backend: Backend, spec: LockSpec) -> bool:
+    """Whether a ``Busy`` leaves the owner queued at the service (see the backend protocol)."""
+    return spec.fair or backend.queues_on_busy
+
+
+async def attempt_once(
+    backend: Backend,
+    supervisor: Supervisor,
+    spec: LockSpec,
+    *,
+    ttl: float,
+    counters: AcquireCounters,
+) -> Granted | None:
+    """One attempt that never waits: the grant, or None (leaving any queue it joined)."""
+    owner = new_owner()
+    attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
+    if isinstance(attempt, Busy):
+        if queues(backend, spec):
+            await supervisor.release(spec, owner)  # the refusal queued us; we will not wait
+        return None
+    counters.acquired += 1
+    return Granted(owner, attempt.fencing_token, sent)
+
+
+async def wait_for_grant(
+    backend: Backend,
+    supervisor: Supervisor,
+    turns: Turns,
+    spec: LockSpec,
+    *,
+    ttl: float,
+    timeout: float | None,
+    counters: AcquireCounters,
+) -> Granted:
+    """Wait up to ``timeout`` seconds (``None``: forever) for a grant.
+
+    Raises:
+        LockTimeoutError: not granted in time.
+        BackendError: the service failed.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    if not is_exclusive(spec) or queues(backend, spec):
+        return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
+    # Tasks of one client take turns, in arrival order, to contend at the service for an
+    # exclusive lock (the service already queues fair and ZooKeeper waiters).
+    turn = turns.join(spec)
+    try:
+        counters.waiting += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                await turn.acquire()
+        except TimeoutError:
+            counters.timeouts += 1
+            raise LockTimeoutError(
+                f"could not acquire {spec.describe()} within {timeout} s"
+            ) from None
+        finally:
+            counters.waiting -= 1
+        try:
+            return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
+        finally:
+            turn.release()
+    finally:
+        turns.leave(spec)
+
+
+async def _contend(
+    backend: Backend,
+    supervisor: Supervisor,
+    spec: LockSpec,
+    ttl: float,
+    deadline: float | None,
+    timeout: float | None,
+    counters: AcquireCounters,
+) -> Granted:
+    owner = new_owner()
+    loop = asyncio.get_running_loop()
+    attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
+    if isinstance(attempt, Grant):
+        counters.acquired += 1
+        return Granted(owner, attempt.fencing_token, sent)
+    counters.waiting += 1
+    granted: Grant | None = None
+    try:
+        # Entered in the same loop step as the Busy answer (the backend protocol's rule).
+        async with backend.waiter(spec, owner) as waiter:
+            while True:
+                # Re-check now that the wakeup is armed: a release that happened before the
+                # subscription was live would otherwise be missed.
+                attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
+                if isinstance(attempt, Grant):
+                    granted = attempt
+                    break
+                wait_for = attempt.retry_after
+                if deadline is not None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        counters.timeouts += 1
+                        raise LockTimeoutError(
+                            f"could not acquire {spec.describe()} within {timeout} s"
+                        )
+                    wait_for = remaining if wait_for is None else min(wait_for, remaining)
+                await waiter.wait(wait_for)
+    except BaseException:
+        if granted is not None or queues(backend, spec):
+            # Granted, then cancelled while leaving the waiter: give the lock back. Or leave
+            # the queue so the waiters behind us are not held up.
+            supervisor.compensate(spec, owner)
+        raise
+    finally:
+        counters.waiting -= 1
+    counters.acquired += 1
+    return Granted(owner, granted.fencing_token, sent)
+
+
+async def _attempt(
+    backend: Backend, supervisor: Supervisor, spec: LockSpec, owner: str, ttl: float
+) -> tuple[Grant | Busy, float]:
+    """One try, compensated if its outcome is unknown.
+
+    If we are cancelled (or the connection drops) while the request is in flight, the service
+    may have granted the lock anyway: release-if-owner runs in the background before the
+    exception propagates, so no orphan lock is left behind.
+    """
+    sent = asyncio.get_running_loop().time()
+    try:
+        attempt = await backend.try_acquire(spec, owner, ttl)
+    except BaseException:
+        supervisor.compensate(spec, owner)
+        raise
+    return attempt, sent
+
+
+def new_owner() -> str:
+    """A fresh owner token: random lowercase hex, safe in keys, paths and messages."""
+    return secrets.token_hex(12)

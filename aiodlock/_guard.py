@@ -1,0 +1,100 @@
+"""Cancelling the guarded code when its lease is lost — and saying so with LockLostError.
+
+:class:`LossGuard` does for a lease what :func:`asyncio.timeout` does for a deadline: when
+the lease is lost it cancels the task running the ``async with`` body, and on the way out it
+tells its own cancellation apart from anyone else's with the task's cancel count
+(``Task.cancelling()`` / ``Task.uncancel()``):
+
+* the body was cancelled only by us → the caller gets a bare :class:`LockLostError`;
+* the body was also cancelled from outside → ``CancelledError`` propagates (it wins);
+* the body raised its own exception → that exception, unchanged;
+* the body returned although the lease was lost under it → :class:`LockLostError`;
+* in every case the task's cancel count is back where it was, so no stray ``CancelledError``
+  hits the caller's next ``await``.
+
+The outcome does not depend on which Python's ``TaskGroup`` is running: no TaskGroup is
+involved. The keep-alive itself runs in the client's supervisor; the guard only listens to
+the lease's state.
+
+Example (what ``Lock.__aenter__``/``__aexit__`` do)::
+
+    guard = LossGuard(state, task)
+    guard.arm()
+    try:
+        await body()
+    finally:
+        outcome = await guard.disarm(exc_type)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ._exceptions import LockLostError
+from ._lease import LeaseState
+
+__all__ = ["GuardOutcome", "LossGuard"]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardOutcome:
+    """How the body ended, as far as the lease is concerned.
+
+    ``lost`` is the error to raise instead of the body's ``CancelledError`` (our cancellation
+    only); ``cancelled`` says a cancellation from outside must propagate although its delivery
+    was taken here.
+    """
+
+    lost: LockLostError | None = None
+    cancelled: bool = False
+
+
+_QUIET = GuardOutcome()
+
+
+class LossGuard:
+    """Cancel ``task`` when ``state`` is lost (module docstring)."""
+
+    __slots__ = ("_cancelling", "_reason", "_state", "_task")
+
+    def __init__(self, state: LeaseState, task: asyncio.Task[Any]) -> None:
+        self._state = state
+        self._task = task
+        self._cancelling = 0
+        self._reason: LockLostError | None = None
+
+    def arm(self) -> None:
+        """Start listening; a lease that is already lost cancels the body at its first await."""
+        self._cancelling = self._task.cancelling()
+        self._state.on_loss(self._on_loss)
+
+    def _on_loss(self, reason: LockLostError) -> None:
+        if self._reason is None:
+            self._reason = reason
+            self._task.cancel(f"aiodlock: {reason}")
+
+    async def disarm(self, exc_type: type[BaseException] | None) -> GuardOutcome:
+        """Stop listening and settle the cancel count (see the module docstring)."""
+        self._state.cancel_on_loss(self._on_loss)
+        reason = self._reason
+        if reason is None:
+            return _QUIET  # the hot path: nothing to undo, no await
+        delivered_here = False
+        if exc_type is not asyncio.CancelledError:
+            # The body finished (or raised) after we asked for its cancellation but before it
+            # was delivered: take the delivery here, not at the caller's next await.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                delivered_here = True
+        outside = self._task.uncancel() > self._cancelling
+        if exc_type is asyncio.CancelledError:
+            return GuardOutcome(cancelled=True) if outside else GuardOutcome(lost=reason)
+        if outside and delivered_here:
+            return GuardOutcome(cancelled=True)
+        if exc_type is None:
+            # The body swallowed our cancellation or finished first: it still ran unprotected.
+            return GuardOutcome(lost=reason)
+        return _QUIET  # the body's own exception wins

@@ -1,0 +1,213 @@
+"""What one client holds and queues for locally: local turns, reentrancy and live leases.
+
+Every lease the client is granted — through ``async with``, ``acquire()`` or ``try_acquire()``
+— is recorded here with its keep-alive task, whichever way it was taken, so there is one path
+for keep-alive, reentrancy and teardown:
+
+* **Live leases.** :meth:`Holdings.add` starts the keep-alive (in the client's supervisor) and
+  returns the public :class:`~aiodlock.Lease`; :meth:`Holdings.release` ends it (stopping the
+  keep-alive, then releasing on the service); :meth:`Holdings.close` gives back everything
+  still held when the client closes.
+* **Reentrancy.** An exclusive lease belongs to the task that took it. The same task may enter
+  it again (a depth count over one lease) if the lock is reentrant; each exit or ``release()``
+  undoes one entry, and the last one releases.
+* **Local turns.** Tasks of one client contend at the service for an exclusive lock one at a
+  time, in arrival order (:class:`Turns`): a task that has just released cannot barge in ahead
+  of its local waiters, and N local waiters cost the service one.
+
+Nothing here grows with the number of lock names ever used: every entry is removed when its
+last user leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._exceptions import LockLostError, LockNotOwnedError
+from ._lease import Lease, LeaseState, LeaseStatus
+from ._supervisor import Supervisor
+from .backends._protocol import Kind, LockSpec
+
+__all__ = ["Holdings", "LiveLease", "Turns", "is_exclusive"]
+
+_Family = tuple[Kind, str]  # one lock of the client's namespace: its kind and name
+_TaskKey = tuple[Kind, str, "asyncio.Task[Any]"]
+
+
+def is_exclusive(spec: LockSpec) -> bool:
+    """Kinds with one holder at a time: the ones that take turns and can be re-entered."""
+    return spec.kind in (Kind.MUTEX, Kind.WRITE)
+
+
+class Turns:
+    """Per exclusive lock, a FIFO turn among this client's tasks (counted, so it is dropped
+    when nobody uses it)."""
+
+    __slots__ = ("_turns",)
+
+    def __init__(self) -> None:
+        self._turns: dict[_Family, tuple[asyncio.Lock, list[int]]] = {}
+
+    def join(self, spec: LockSpec) -> asyncio.Lock:
+        """The turn for ``spec``; every join must be matched by one :meth:`leave`."""
+        key = (spec.kind, spec.name)
+        entry = self._turns.get(key)
+        if entry is None:
+            entry = self._turns[key] = (asyncio.Lock(), [0])
+        entry[1][0] += 1
+        return entry[0]
+
+    def leave(self, spec: LockSpec) -> None:
+        """Stop using the turn for ``spec``."""
+        key = (spec.kind, spec.name)
+        _, users = self._turns[key]
+        users[0] -= 1
+        if users[0] == 0:
+            del self._turns[key]
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+@dataclass(slots=True, eq=False)
+class LiveLease:
+    """One lease the client keeps alive: its state, public view, keep-alive and entries."""
+
+    state: LeaseState
+    lease: Lease
+    keeper: asyncio.Task[None]
+    source: object  # the lock object that took it, for its statistics
+    task_key: _TaskKey | None  # set for exclusive kinds: the owning task, for reentrancy
+    depth: int = 1
+    guarded: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+class Holdings:
+    """The client's table of live leases, reentrancy and local turns (module docstring)."""
+
+    __slots__ = ("_by_task", "_live", "_supervisor", "turns")
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+        self._live: dict[LeaseState, LiveLease] = {}
+        self._by_task: dict[_TaskKey, LiveLease] = {}
+        self.turns = Turns()
+
+    # ------------------------------------------------------------------ live leases
+
+    def add(
+        self,
+        state: LeaseState,
+        *,
+        task: asyncio.Task[Any] | None,
+        source: object,
+        ttl: float,
+        max_hold: float | None,
+    ) -> LiveLease:
+        """Record a fresh grant, owned by ``task``, and start keeping it alive."""
+        keeper = self._supervisor.keep(state, ttl=ttl, max_hold=max_hold)
+        spec = state.spec
+        key = (spec.kind, spec.name, task) if task is not None and is_exclusive(spec) else None
+        live = LiveLease(state, Lease(state, self.release), keeper, source, key)
+        self._live[state] = live
+        if key is not None:
+            self._by_task[key] = live
+        return live
+
+    def held_by(self, spec: LockSpec, task: asyncio.Task[Any]) -> LiveLease | None:
+        """The exclusive lease ``task`` holds on ``spec``'s lock, if any (for reentrancy)."""
+        if not is_exclusive(spec):
+            return None
+        live = self._by_task.get((spec.kind, spec.name, task))
+        if live is not None and live.state.status is not LeaseStatus.HELD:
+            # Lost in the background and never released: it no longer counts as held.
+            self._forget(live)
+            return None
+        return live
+
+    def reenter(self, live: LiveLease) -> Lease:
+        """One more entry of a held lease by its task."""
+        live.depth += 1
+        return live.lease
+
+    def claim_guard(self, live: LiveLease, task: asyncio.Task[Any]) -> bool:
+        """True if ``task`` has no loss guard on this lease yet (and now has one): nested
+        ``async with`` blocks of one task share the outermost guard."""
+        if task in live.guarded:
+            return False
+        live.guarded.add(task)
+        return True
+
+    def drop_guard(self, live: LiveLease, task: asyncio.Task[Any]) -> None:
+        """The guard ``task`` claimed is gone."""
+        live.guarded.discard(task)
+
+    def entry_of(self, state: LeaseState) -> LiveLease | None:
+        """The record of a live lease, or None once it was released."""
+        return self._live.get(state)
+
+    def count(self, source: object) -> int:
+        """Leases taken by ``source`` and held now."""
+        return sum(
+            1
+            for live in self._live.values()
+            if live.source is source and live.state.status is LeaseStatus.HELD
+        )
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def release(self, state: LeaseState) -> None:
+        """Undo one entry of ``state``; the last one releases it on the service.
+
+        Raises:
+            LockNotOwnedError: the lease was lost before, or had expired on the service.
+        """
+        live = self._live.get(state)
+        if live is not None and live.depth > 1:
+            live.depth -= 1
+            return
+        if live is not None:
+            self._forget(live)
+        reason = state.lost_reason
+        if not state.end():
+            return  # released before: idempotent
+        released = await self._supervisor.release(state.spec, state.owner)
+        what = state.spec.describe()
+        if reason is not None:
+            raise LockNotOwnedError(f"{what} was lost before release") from reason
+        if not released:
+            found = LockLostError(
+                f"{what} was found expired or taken when it was released: "
+                "the end of the critical section ran without it"
+            )
+            state.found_lost(found)
+            raise LockNotOwnedError(f"{what} was not held at release (it expired)") from found
+
+    def abandon(self, lease: Lease) -> None:
+        """Stop keeping ``lease`` alive and forget it without releasing it, as a crashed
+        process would: the service ends it by expiry (or session loss)."""
+        for live in list(self._live.values()):
+            if live.lease is lease:
+                self._forget(live)
+
+    def close(self) -> None:
+        """The client is closing: stop every keep-alive and give back what is still held, in
+        the background (the supervisor waits for it)."""
+        for live in list(self._live.values()):
+            self._forget(live)
+            state = live.state
+            # A body still running under the lease must not go on unprotected: it is told the
+            # way any loss is told (cancelled, LockLostError; lease.lost set).
+            what = state.spec.describe()
+            state.lose(LockLostError(f"{what} was given back because its client closed"))
+            if state.end():
+                self._supervisor.compensate(state.spec, state.owner)
+
+    def _forget(self, live: LiveLease) -> None:
+        live.keeper.cancel()
+        self._live.pop(live.state, None)
+        if live.task_key is not None and self._by_task.get(live.task_key) is live:
+            del self._by_task[live.task_key]

@@ -1,0 +1,131 @@
+"""The owner of every background task of one client: keep-alives and compensating releases.
+
+One :class:`asyncio.TaskGroup`, opened with the client and closed with it, holds every task the
+library starts on the user's behalf, so leaving ``async with aiodlock.connect(...)`` waits for
+all of them and leaves nothing running. A child of that group must never fail (a failure would
+cancel the task that opened the client): a lost lease is reported through its
+:class:`~aiodlock._lease.LeaseState`, a failed background release is logged.
+
+Example (what the client does)::
+
+    supervisor = Supervisor(backend)
+    await supervisor.start()
+    keeper = supervisor.keep(state, ttl=30.0, max_hold=None)
+    released = await supervisor.release(spec, owner)
+    await supervisor.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, Final
+
+from ._exceptions import LockLostError
+from ._lease import LeaseState
+from ._watchdog import keep_alive
+from .backends._protocol import Backend, LockSpec
+
+__all__ = ["RELEASE_TIMEOUT", "Supervisor", "logger"]
+
+logger = logging.getLogger("aiodlock")
+
+RELEASE_TIMEOUT: Final = 5.0
+"""Seconds a background (compensating) release may take before it is abandoned to the
+lease's own expiry."""
+
+
+class Supervisor:
+    """Runs and owns a client's background tasks (see the module docstring)."""
+
+    __slots__ = ("_backend", "_cleanups", "_group")
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._group: asyncio.TaskGroup | None = None
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._group is not None
+
+    @property
+    def cleanups(self) -> int:
+        """Compensating releases still running."""
+        return len(self._cleanups)
+
+    async def start(self) -> None:
+        """Open the task group (the client is entering)."""
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        self._group = group
+
+    async def stop(self) -> None:
+        """Close the task group: wait for every task still running. Cancel keep-alives first."""
+        group, self._group = self._group, None
+        if group is not None:
+            await group.__aexit__(None, None, None)
+
+    def require_running(self) -> None:
+        """Raise ``RuntimeError`` unless the client is open (a programming error)."""
+        if self._group is None:
+            raise RuntimeError(
+                "this LockClient is not open: use `async with aiodlock.connect(...) as locks:`"
+            )
+
+    def keep(self, state: LeaseState, *, ttl: float, max_hold: float | None) -> asyncio.Task[None]:
+        """Start the keep-alive of a granted lease; cancel the returned task to stop it."""
+        return self._spawn(
+            self._keep(state, ttl, max_hold), name=f"aiodlock-keepalive-{state.spec.name}"
+        )
+
+    async def _keep(self, state: LeaseState, ttl: float, max_hold: float | None) -> None:
+        # keep_alive reports a loss through the lease's state before raising it.
+        with contextlib.suppress(LockLostError):
+            await keep_alive(self._backend, state, ttl=ttl, max_hold=max_hold)
+
+    async def release(self, spec: LockSpec, owner: str) -> bool:
+        """Release-if-owner; if cancelled midway, finish it in the background.
+
+        The fast path runs inline (no task, no extra timer per release: every backend call is
+        bounded by the backend's own request timeout). Release is idempotent, so when the
+        caller is cancelled while the request is in flight the same release is simply sent
+        again from an owned background task, and the cancellation propagates at once.
+        """
+        try:
+            return await self._backend.release(spec, owner)
+        except asyncio.CancelledError:
+            self.compensate(spec, owner)
+            raise
+
+    def compensate(self, spec: LockSpec, owner: str) -> None:
+        """Release-if-owner in the background: for an acquire whose outcome is unknown, a grant
+        nobody will use, or a queue entry nobody will wait on. After stop(), the lease simply
+        ends by expiry."""
+        if self._group is None:
+            return
+        task = self._spawn(self._background_release(spec, owner), name="aiodlock-release")
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _background_release(self, spec: LockSpec, owner: str) -> None:
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT):
+                await self._backend.release(spec, owner)
+        except Exception as exc:
+            logger.warning("background release of %r failed: %s", spec.name, exc)
+
+    async def settle(self) -> None:
+        """Wait until the compensating releases running now (and any they start) are done."""
+        while self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        if self._group is None:
+            coro.close()
+            self.require_running()
+        assert self._group is not None
+        return self._group.create_task(coro, name=name)

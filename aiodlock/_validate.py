@@ -1,0 +1,134 @@
+"""Argument checks, and the public "use the client's default" marker.
+
+Every check raises at once, on the line that passed the bad value, with a message naming the
+argument: ``TypeError`` for a value of the wrong type, ``ValueError`` for a value out of range.
+Nothing here knows about locks, clients or backends.
+
+Example::
+
+    ttl = check_seconds(ttl, argument="ttl", allow_none=False)
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Final, Literal
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "USE_CLIENT_DEFAULT",
+    "UseClientDefault",
+    "check_bool",
+    "check_limit",
+    "check_name",
+    "check_namespace",
+    "check_seconds",
+    "convert_query",
+]
+
+MAX_NAME_BYTES: Final = 1024
+
+
+class UseClientDefault(enum.Enum):
+    """The type of :data:`USE_CLIENT_DEFAULT`: "not given, take the client's setting".
+
+    ``None`` already means "no limit" for ``timeout`` and ``max_hold``, so a distinct marker
+    says "not passed". It is an enum so that type checkers narrow it with ``is``::
+
+        def lock(self, name: str, *, timeout: float | None | UseClientDefault = USE_CLIENT_DEFAULT)
+    """
+
+    USE_CLIENT_DEFAULT = "USE_CLIENT_DEFAULT"
+
+    def __repr__(self) -> str:
+        return "USE_CLIENT_DEFAULT"
+
+
+USE_CLIENT_DEFAULT: Final = UseClientDefault.USE_CLIENT_DEFAULT
+"""Marks an option that was not passed: the client's value (from ``connect()``) applies."""
+
+
+def check_name(name: object, *, argument: str = "name") -> str:
+    """Validate a lock name: a non-empty str, no NUL, at most 1024 UTF-8 bytes."""
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError(f"{argument} must not be empty")
+    if "\x00" in name:
+        raise ValueError(f"{argument} must not contain NUL characters")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{argument} is {size} bytes long; the limit is {MAX_NAME_BYTES}")
+    return name
+
+
+def check_namespace(namespace: object) -> str:
+    """A namespace is a name that also avoids ``:``, ``{`` and ``}`` (key separators)."""
+    checked = check_name(namespace, argument="namespace")
+    bad = set(checked) & set(":{}")
+    if bad:
+        raise ValueError(f"namespace must not contain {''.join(sorted(bad))!r}")
+    return checked
+
+
+def check_seconds(value: object, *, argument: str, allow_none: bool = True) -> float | None:
+    """Validate a duration: a finite number of seconds > 0, or ``None`` (no limit)."""
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{argument} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{argument} must be finite, not {seconds}")
+    if seconds <= 0:
+        raise ValueError(f"{argument} must be > 0, not {seconds}")
+    return seconds
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore limit is an int >= 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {limit}")
+    return limit
+
+
+def check_bool(value: object, *, argument: str) -> bool:
+    """A flag must be a real ``bool`` (``reentrant=1`` is a typo, not a request)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{argument} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def convert_query(key: str, text: str, kind: type) -> Any:
+    """Turn one URL query-string value into the option's type (``float``, ``int``, ``bool``)."""
+    if kind is bool:
+        return _convert_bool(key, text)
+    if kind is float:
+        if text.lower() in {"", "none"}:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"option {key} must be a number, not {text!r}") from None
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"option {key} must be an integer, not {text!r}") from None
+    return text
+
+
+def _convert_bool(key: str, text: str) -> bool:
+    lowered = text.lower()
+    truth: dict[str, Literal[True, False]] = {
+        "1": True, "true": True, "yes": True, "on": True,
+        "0": False, "false": False, "no": False, "off": False,
+    }  # fmt: skip
+    if lowered not in truth:
+        raise ValueError(f"option {key} must be a boolean, not {text!r}")
+    return truth[lowered]

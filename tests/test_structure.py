@@ -1,0 +1,132 @@
+"""The package's shape (DESIGN §3): imports form a DAG, nobody reaches into private names.
+
+Every import is counted — module level, inside functions, and under ``TYPE_CHECKING`` — so a
+circle cannot hide behind a deferred import.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import aiodlock
+
+pytestmark = pytest.mark.memory
+
+PACKAGE = Path(aiodlock.__file__).parent
+
+# Third-party internals we rely on knowingly (the driver's version is pinned in pyproject.toml
+# for this reason): aiomysql exposes no public way to bound a connect or to read the socket.
+DRIVER_INTERNALS = {"aiodlock.backends._mysql_conn": {"_writer", "_connect", "_result"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {
+        _module_name(path): ast.parse(path.read_text(), str(path))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _is_package(name: str) -> bool:
+    return (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    if not _is_package(importer):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imports(importer: str, tree: ast.Module) -> Iterator[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(importer, node)
+            for alias in node.names:
+                yield module, alias.name, node.lineno
+
+
+def _internal_edges() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for importer, tree in modules.items():
+        for module, name, _ in _imports(importer, tree):
+            submodule = f"{module}.{name}" if name else module
+            target = submodule if submodule in modules else module
+            if target in modules and target != importer:
+                graph[importer].add(target)
+    return graph
+
+
+def test_imports_form_a_dag() -> None:
+    graph = _internal_edges()
+    # A package's __init__ re-exports its children: that edge points down, never back up.
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle in aiodlock: {' -> '.join(exc.args[1])}")
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    offenders = []
+    for importer, tree in _modules().items():
+        for module, name, line in _imports(importer, tree):
+            if name is None or not name.startswith("_") or name == "__version__":
+                continue
+            if _is_package(module) and (PACKAGE.parent / module.replace(".", "/")).joinpath(
+                f"{name}.py"
+            ).exists():
+                continue  # a private *module* of the package: fine
+            offenders.append(f"{importer}:{line} imports {name} from {module}")
+    assert offenders == []
+
+
+def test_no_module_touches_private_attributes_of_other_objects() -> None:
+    """``x._name`` is only for ``self``/``cls`` and for names defined in the same module."""
+    offenders = []
+    for importer, tree in _modules().items():
+        own = _names_defined_in(tree) | DRIVER_INTERNALS.get(importer, set())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr in own:
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            offenders.append(f"{importer}:{node.lineno} touches .{node.attr}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def _names_defined_in(tree: ast.Module) -> set[str]:
+    """Underscore names the module itself defines: attributes assigned on self, slots,
+    methods, and module-level names (their use within the module is its own business)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # __slots__ entries
+    return {name for name in names if name.startswith("_")}
