@@ -352,7 +352,7 @@ async def test_mysql8_whole_second_timeouts(mysql_url: str, ns: str, probe: MySQ
     """MySQL rounds GET_LOCK's timeout to seconds: sub-second waits are cut on the client."""
     loop = asyncio.get_running_loop()
     async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
-        backend_of(b)._fractional_timeouts = False  # behave as against MySQL 8
+        backend_of(b).fractional_timeouts = False  # behave as against MySQL 8
         holder = await a.lock("w").acquire()
         started = loop.time()
         with pytest.raises(aiodlock.LockTimeoutError):

@@ -130,3 +130,22 @@ def _names_defined_in(tree: ast.Module) -> set[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             names.add(node.value)  # __slots__ entries
     return {name for name in names if name.startswith("_")}
+
+
+def test_tests_use_the_public_api() -> None:
+    """The tests (and examples) import aiodlock's public modules only, as a user would."""
+    root = PACKAGE.parent
+    offenders = []
+    for path in sorted([*root.glob("tests/**/*.py"), *root.glob("examples/*.py")]):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "aiodlock" and any(p.startswith("_") for p in parts[1:]):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
+    assert offenders == []

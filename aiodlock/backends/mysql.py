@@ -263,8 +263,9 @@ class MySQLBackend:
         self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
         self._waiting = 0
         self._server_version = ""
-        self._fractional_timeouts = True
-        """MariaDB takes ``GET_LOCK(name, 0.25)``; MySQL rounds the timeout to whole seconds."""
+        self.fractional_timeouts = True
+        """MariaDB takes ``GET_LOCK(name, 0.25)``; MySQL rounds the timeout to whole seconds.
+        Read from the server version at ``open()``; a test may set it to emulate the other."""
 
     # ------------------------------------------------------------------ lifetime
 
@@ -283,7 +284,7 @@ class MySQLBackend:
             await self.aclose()
             self._raise_translated(exc, "connect")
         self._server_version = str(version)
-        self._fractional_timeouts = "mariadb" in self._server_version.lower()
+        self.fractional_timeouts = "mariadb" in self._server_version.lower()
         self._checkin(conn)
 
     async def aclose(self) -> None:
@@ -516,7 +517,7 @@ class MySQLBackend:
             target = lock_name(ns, family, spec.name)
         acq.waits += 1
         cut_short = False
-        if self._fractional_timeouts:
+        if self.fractional_timeouts:
             sql = f"SELECT GET_LOCK('{target}', {slice_:.6f})"
             bound = slice_ + self._query_timeout
         elif slice_ >= 1:
