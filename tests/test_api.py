@@ -125,7 +125,10 @@ async def test_client_must_be_open() -> None:
 
 def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)
-    monkeypatch.delitem(sys.modules, "aiodlock.backends.redis", raising=False)
+    # As in a fresh interpreter: no module of the redis backend package imported yet.
+    package = "aiodlock.backends.redis"
+    for module in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, module)
     with pytest.raises(ImportError, match=r"pip install 'aiodlock\[redis\]'"):
         aiodlock.connect("redis://127.0.0.1:6379/0")
 

@@ -139,11 +139,12 @@ def test_tests_use_the_public_api() -> None:
     for path in sorted([*root.glob("tests/**/*.py"), *root.glob("examples/*.py")]):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            names = []
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+            else:
+                continue
             for name in names:
                 parts = name.split(".")
                 if parts[0] == "aiodlock" and any(p.startswith("_") for p in parts[1:]):

@@ -1,35 +1,10 @@
-"""The Lua scripts of the Redis backend, one named constant per atomic step.
+"""The Lua scripts of the Redis backend, one named :class:`Script` per atomic step, and how
+they are run (:func:`run`: EVALSHA, falling back to a reload on NOSCRIPT).
 
 Every lock step is one script, so it is atomic on the server and costs one round trip. The
-keys of one lock all begin with the same hash tag ``{ns:name}``, so every script touches a
+keys a script takes are those of one lock name, which all begin with the same hash tag
+``{ns:name}`` (``T`` below; the whole layout is in :mod:`._keys`), so every script touches a
 single slot and runs unchanged on Redis Cluster.
-
-Keys of the lock ``name`` in namespace ``ns`` (``T`` = ``{ns:name}``)::
-
-    T                STRING  mutex owner                                     (PX = lease)
-    T:fence          STRING  INCR counter of fencing tokens, all families    (no TTL)
-    T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
-    T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
-    T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
-    T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
-    T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
-    T:writer         STRING  read-write lock: the writer                     (PX = lease)
-    T:readers        ZSET    read-write lock: owner -> lease expiry, ms      (PEXPIREAT)
-    T:rw:signal      read-write channel; BLPOP mode: the writers' tokens     (PEXPIRE)
-    T:rw:rsignal     BLPOP mode: the readers' tokens                         (PEXPIRE)
-    T:rw:waiters     BLPOP mode: ZSET of blocked readers and writers         (PEXPIRE)
-    T:sem            ZSET    semaphore: permit owner -> lease expiry, ms     (PEXPIREAT)
-    T:sem:signal     semaphore channel; BLPOP mode: LIST of wake tokens      (PEXPIRE)
-    T:sem:waiters    BLPOP mode: ZSET of owners blocked on T:sem:signal      (PEXPIRE)
-
-The mutex, the read-write lock and the semaphore of one name are independent (only the
-fencing counter is shared). No suffix contains ``}``, so the last ``}`` of any key closes the
-name: two different names can never produce the same key, however odd the names are.
-
-``T:fence`` is the only key that deliberately outlives its lock: if it expired, tokens would
-start again at 1 and a fenced resource would refuse every new holder. It costs one small
-string per lock name ever used. Every other key carries a TTL or is deleted when it empties,
-so nothing is orphaned once holders and waiters are gone.
 
 Times inside scripts come from the server (``TIME``), never from a client clock, so clients
 with skewed clocks agree on when a reader, a permit or a fair waiter has expired.
@@ -41,11 +16,23 @@ exists, so a release with nobody waiting writes nothing. Pub/sub payloads: ``1``
 local waiter, ``*`` wakes all of them, anything else is the owner id of the one fair waiter.
 
 Busy replies carry milliseconds: how long until it is worth trying again.
+
+This module knows nothing about connections: :func:`run` and :func:`load_all` take whatever
+redis-py client the caller hands in, and the caller bounds them in time.
 """
 
 from __future__ import annotations
 
+import hashlib
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import NoScriptError
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
 __all__ = [
+    "ALL",
     "FAIR_ACQUIRE",
     "FAIR_RELEASE",
     "MUTEX_ACQUIRE",
@@ -64,7 +51,44 @@ __all__ = [
     "WRITE_ACQUIRE",
     "WRITE_RELEASE",
     "ZSET_RENEW",
+    "Script",
+    "load_all",
+    "run",
 ]
+
+
+class Script:
+    """A Lua script and its SHA1, computed once (EVALSHA sends the SHA, not the text)."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+
+async def run(client: aioredis.Redis, script: Script, keys: tuple[bytes, ...], *args: Any) -> Any:
+    """``EVALSHA script keys args`` on ``client``: one round trip while the server has it."""
+    try:
+        return await client.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", script.sha, len(keys), *keys, *args
+        )
+    except NoScriptError:
+        # The server lost its script cache (restart, failover, SCRIPT FLUSH): nothing ran, so
+        # running it again is safe.
+        await client.script_load(script.text)
+        return await client.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", script.sha, len(keys), *keys, *args
+        )
+
+
+async def load_all(client: aioredis.Redis) -> None:
+    """Load every script in one pipelined round trip, so the first EVALSHAs find them."""
+    async with client.pipeline(transaction=False) as pipe:
+        for script in ALL:
+            pipe.script_load(script.text)
+        await pipe.execute()
+
 
 SIGNAL_TTL_MS = 5000
 """How long an unconsumed BLPOP wake token lives. It only has to outlast the gap between a
@@ -128,7 +152,7 @@ end
 
 # ---------------------------------------------------------------------------------- mutex
 
-MUTEX_ACQUIRE = (
+MUTEX_ACQUIRE: Final = Script(
     _LEAVE_ON_GRANT
     + """
 -- KEYS[1] lock, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
@@ -142,7 +166,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 """
 )
 
-MUTEX_RELEASE = (
+MUTEX_RELEASE: Final = Script(
     _NOTIFY
     + """
 -- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry)
@@ -158,7 +182,8 @@ return 0
 """
 )
 
-MUTEX_RENEW = """
+MUTEX_RENEW: Final = Script(
+    """
 -- KEYS[1] lock (also the writer key of a read-write lock, and the fair mutex)
 -- ARGV[1] owner, ARGV[2] lease ms
 -- -> 1 extended | 0 not held. Compare-and-PEXPIRE: an expired key is gone, so GET is nil
@@ -168,10 +193,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+)
 
 # ------------------------------------------------------------------------------ read/write
 
-READ_ACQUIRE = (
+READ_ACQUIRE: Final = Script(
     _NOW
     + _NOTIFY
     + _EXPIRE_AT_MAX
@@ -199,7 +225,7 @@ return {1, redis.call('INCR', KEYS[2])}
 """
 )
 
-WRITE_ACQUIRE = (
+WRITE_ACQUIRE: Final = Script(
     _NOW
     + _LEAVE_ON_GRANT
     + """
@@ -222,7 +248,7 @@ return {1, redis.call('INCR', KEYS[2])}
 """
 )
 
-READ_RELEASE = (
+READ_RELEASE: Final = Script(
     _NOW
     + _NOTIFY
     + """
@@ -246,7 +272,7 @@ return 0
 """
 )
 
-WRITE_RELEASE = (
+WRITE_RELEASE: Final = Script(
     _NOTIFY
     + """
 -- KEYS[1] writer, KEYS[2] signal, KEYS[3] rsignal, KEYS[4] waiters
@@ -270,7 +296,7 @@ return 0
 
 # ------------------------------------------------------------------------------ semaphore
 
-SEM_ACQUIRE = (
+SEM_ACQUIRE: Final = Script(
     _NOW
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
@@ -291,7 +317,7 @@ return {0, tonumber(first[2]) - now}
 """
 )
 
-SEM_RELEASE = (
+SEM_RELEASE: Final = Script(
     _NOW
     + _NOTIFY
     + """
@@ -311,7 +337,7 @@ return 0
 """
 )
 
-ZSET_RENEW = (
+ZSET_RENEW: Final = Script(
     _NOW
     + _EXPIRE_AT_MAX
     + """
@@ -368,7 +394,7 @@ end
 """
 )
 
-FAIR_ACQUIRE = (
+FAIR_ACQUIRE: Final = Script(
     _NOW
     + _FAIR
     + """
@@ -423,7 +449,7 @@ return {0, wait}
 """
 )
 
-FAIR_RELEASE = (
+FAIR_RELEASE: Final = Script(
     _NOW
     + _FAIR
     + """
@@ -457,7 +483,7 @@ return released
 
 # ------------------------------------------------------------------------------ wakeups
 
-SIGNAL_PUSH = (
+SIGNAL_PUSH: Final = Script(
     _NOTIFY
     + """
 -- KEYS[1] a BLPOP signal list, KEYS[2] its waiters
@@ -470,7 +496,8 @@ return 1
 """
 )
 
-WAIT_ARM = """
+WAIT_ARM: Final = Script(
+    """
 -- KEYS[1] waiters
 -- ARGV[1] owner, ARGV[2] registry TTL ms
 -- -> 1. Registers a BLPOP waiter *before* its re-check, so a release after that re-check
@@ -480,8 +507,10 @@ redis.call('ZADD', KEYS[1], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+)
 
-WAIT_LEAVE = """
+WAIT_LEAVE: Final = Script(
+    """
 -- KEYS[1] waiters, KEYS[2..] the signal lists it guards
 -- ARGV[1] owner
 -- -> 1 if that was the last waiter (and the lists, whose tokens nobody needs, are deleted)
@@ -494,3 +523,24 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 return 0
 """
+)
+
+
+ALL: Final = (
+    MUTEX_ACQUIRE,
+    MUTEX_RELEASE,
+    MUTEX_RENEW,
+    READ_ACQUIRE,
+    WRITE_ACQUIRE,
+    READ_RELEASE,
+    WRITE_RELEASE,
+    SEM_ACQUIRE,
+    SEM_RELEASE,
+    ZSET_RENEW,
+    FAIR_ACQUIRE,
+    FAIR_RELEASE,
+    SIGNAL_PUSH,
+    WAIT_ARM,
+    WAIT_LEAVE,
+)
+"""Every script, in the order :func:`load_all` loads them."""

@@ -1,0 +1,363 @@
+"""BLPOP wakeups (``wakeup="blpop"``): :class:`BlockingSignals` and its :class:`BlpopWaiter`.
+
+Each ``wait()`` blocks in ``BLPOP <signal list> <timeout>`` on a connection of its own:
+one connection per concurrently waiting acquisition, which is the price of this mode
+(use it where pub/sub is unavailable or filtered). Arming registers the owner in the
+list's waiter registry (a ZSET); releases LPUSH a token only while that registry exists,
+so a release with nobody waiting writes nothing, and a release that happens before the
+BLPOP is kept in the list (level-triggered by construction). The last waiter to leave
+deletes the registry and any unused token. There is no broadcast: readers wake in a
+chain (each reader let in after a wakeup passes one token on, see ``READ_ACQUIRE``), and
+each fair waiter blocks on its own list.
+
+The connections come from the backend's :class:`~._source.ConnectionSource`; the scripts that
+arm, leave and hand back are run by the backend behind :class:`SignalCommands`. The rules
+both wakeup mechanisms follow are in :mod:`._wait`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from redis.exceptions import RedisError
+
+from ..._exceptions import BackendError
+from ._scripts import WAIT_SLICE_MS, WAITERS_TTL_MS
+from ._source import disconnect_quietly
+from ._wait import sleep_on
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+    from ._source import ConnectionSource
+
+__all__ = ["BlockingSignals", "BlpopWaiter", "SignalCommands"]
+
+_DRAIN_LIMIT: Final = 0.25
+"""A waiter that leaves while its BLPOP has at most this long to run lets it finish (and keeps
+the connection); a longer one is aborted, which costs the connection."""
+
+
+class SignalCommands(Protocol):
+    """The few commands BLPOP waiters need from the backend (its pool, scripts, errors)."""
+
+    async def arm_waiter(self, registry: bytes, owner: str) -> None:
+        """Register ``owner`` in ``registry`` (``WAIT_ARM``); raise ``BackendError``."""
+        ...
+
+    async def leave_waiter(self, registry: bytes, lists: tuple[bytes, ...], owner: str) -> None:
+        """Deregister ``owner`` (``WAIT_LEAVE``); best effort, never raises."""
+        ...
+
+    async def push_back(self, key: bytes, registry: bytes, cap: int) -> None:
+        """Hand a wake token back to ``key`` (``SIGNAL_PUSH``); best effort, never raises."""
+        ...
+
+
+class BlockingSignals:
+    """Connections and reader tasks for BLPOP waits: one connection per waiting acquisition.
+
+    A waiter first registers its owner id in the list's waiter registry (a ZSET) and only
+    then re-checks the lock -- the BLPOP counterpart of a confirmed SUBSCRIBE: a release
+    pushes a token only while the registry exists, so a release with nobody waiting writes
+    nothing, and the last waiter to leave deletes the registry and any unused tokens.
+
+    The connections are kept apart from the command pool so blocked waiters can never starve
+    the releases that would wake them; a few idle ones are kept for reuse. Redis checks BLPOP
+    timeouts only ``hz`` times a second (every 100 ms by default), so each BLPOP runs in a
+    task of the backend's TaskGroup and ``wait()`` keeps its own, exact timer: when the timer
+    fires first, the BLPOP stays in flight for the next ``wait()``, and a token it pops later
+    is banked, or handed back if the waiter has left. Long waits are cut into slices of
+    ``WAIT_SLICE_MS`` so every live waiter re-registers (refreshing the registry's TTL).
+    """
+
+    def __init__(
+        self,
+        source: ConnectionSource,
+        commands: SignalCommands,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
+        keep_idle: int = 4,
+    ) -> None:
+        self._source = source
+        self._commands = commands
+        self._connect_timeout = source.connect_timeout
+        # How long past its server-side timeout a BLPOP reply may take: one command's time.
+        self._grace = source.socket_timeout
+        self._spawn = spawn
+        self._where = source.describe()
+        self._keep_idle = keep_idle
+        self._idle: list[AbstractConnection] = []
+        self._reads: set[asyncio.Task[None]] = set()
+        self.in_use = 0
+        self.waiters = 0
+        self.closed = False
+        self.woken_readers: set[str] = set()
+        """Owners of readers that took a token: their next attempt passes one on."""
+
+    def waiter(
+        self,
+        key: bytes,
+        owner: str,
+        *,
+        registry: bytes | None,
+        lists: tuple[bytes, ...] = (),
+        cap: int = 1,
+        reader: bool = False,
+    ) -> BlpopWaiter:
+        """A waiter blocking on list ``key``.
+
+        ``registry`` is the waiter ZSET guarding ``lists`` (``None`` for a fair waiter's own
+        list, which the fair queue guards); ``cap`` bounds the list when a token is handed
+        back; ``reader`` marks a waiting reader, whose next grant passes a token on.
+        """
+        return BlpopWaiter(self, key, owner, registry, lists, cap, reader)
+
+    def close(self) -> list[AbstractConnection]:
+        """Abort every BLPOP in flight; return the idle connections for closing."""
+        self.closed = True
+        for task in self._reads:
+            task.cancel()
+        idle, self._idle = self._idle, []
+        return idle
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "pubsub_connections": 0,
+            "subscribed_channels": 0,
+            "waiters": self.waiters,
+            "blocking_connections": self.in_use + len(self._idle),
+        }
+
+    async def _acquire(self) -> AbstractConnection:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.is_connected:
+                self.in_use += 1
+                return conn
+        conn = self._source.new_connection("blpop")
+        self.in_use += 1
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await conn.connect()  # type: ignore[no-untyped-call]
+        except BaseException as exc:
+            self._release(conn, healthy=False)
+            if isinstance(exc, RedisError | OSError):
+                raise BackendError(
+                    f"cannot open a BLPOP connection to {self._where}: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        return conn
+
+    def _release(self, conn: AbstractConnection, *, healthy: bool) -> None:
+        self.in_use -= 1
+        if healthy and not self.closed and len(self._idle) < self._keep_idle:
+            self._idle.append(conn)
+        else:
+            self._spawn(disconnect_quietly(conn))
+
+    def _give_back(self, key: bytes, registry: bytes | None, cap: int) -> None:
+        if registry is not None:  # a fair waiter's list: the core's release re-notifies
+            self._spawn(self._commands.push_back(key, registry, cap))
+
+
+class BlpopWaiter:
+    """One waiting acquisition blocking on a signal list; an async context manager."""
+
+    __slots__ = (
+        "_cap",
+        "_deadline",
+        "_entered",
+        "_flag",
+        "_fut",
+        "_key",
+        "_lists",
+        "_owes",
+        "_owner",
+        "_read",
+        "_read_until",
+        "_reader",
+        "_registry",
+        "_sigs",
+    )
+
+    def __init__(
+        self,
+        sigs: BlockingSignals,
+        key: bytes,
+        owner: str,
+        registry: bytes | None,
+        lists: tuple[bytes, ...],
+        cap: int,
+        reader: bool,
+    ) -> None:
+        self._sigs = sigs
+        self._key = key
+        self._owner = owner
+        self._registry = registry
+        self._lists = lists
+        self._cap = cap
+        self._reader = reader
+        self._entered = False
+        self._flag = False  # a banked token, consumed by the next wait()
+        self._owes = False  # took a token that no re-check has used yet
+        self._fut: asyncio.Future[None] | None = None
+        self._deadline = 0.0  # loop time the current wait() ends (inf: no limit)
+        self._read: asyncio.Task[None] | None = None
+        self._read_until = 0.0  # loop time the BLPOP in flight times out on the server
+
+    async def __aenter__(self) -> BlpopWaiter:
+        sigs = self._sigs
+        if sigs.closed:
+            raise BackendError(f"the redis backend for {sigs._where} is closed")
+        if self._registry is not None:
+            try:
+                await sigs._commands.arm_waiter(self._registry, self._owner)
+            except BaseException:
+                # Cancelled or failed with the ZADD maybe applied: undo it in the background.
+                self._spawn_leave()
+                raise
+        self._entered = True
+        sigs.waiters += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._entered:
+            return
+        self._entered = False
+        sigs = self._sigs
+        sigs.waiters -= 1
+        if self._reader:
+            sigs.woken_readers.discard(self._owner)
+        # A token we took and will not use (banked, or cancelled before the re-check): the
+        # give-back runs before our deregistration, which may delete the list.
+        give_back = self._flag or (self._owes and exc_type is not None)
+        self._flag = self._owes = False
+        read = self._read
+        if read is not None:
+            loop = asyncio.get_running_loop()
+            if self._read_until - loop.time() > _DRAIN_LIMIT:
+                # Aborting loses the connection; the reply may have been a token: hand it back.
+                read.cancel()
+                give_back = True
+            # else: let it run out; a token it pops now is handed back (see _on_token).
+        if give_back:
+            sigs._give_back(self._key, self._registry, self._cap)
+        leave = self._spawn_leave()
+        if leave is not None and exc_type is not None:
+            # Leaving without the lock: wait for the deregistration (shielded, so a second
+            # cancellation cannot skip it) so that nothing of ours is left once we are out.
+            # Leaving with the lock never waits here: the grant already deregistered us (see
+            # _LEAVE_ON_GRANT), and an await after a grant could turn into a lost lease.
+            await asyncio.shield(leave)
+
+    def _spawn_leave(self) -> asyncio.Task[None] | None:
+        if self._registry is None:
+            return None
+        return self._sigs._spawn(
+            self._sigs._commands.leave_waiter(self._registry, self._lists, self._owner)
+        )
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when a token was taken (or one is banked), or after ``timeout`` seconds."""
+        if self._flag:
+            self._flag = False
+            return
+        self._owes = False
+        sigs = self._sigs
+        if not self._entered or sigs.closed or (timeout is not None and timeout <= 0):
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._deadline = math.inf if timeout is None else now + timeout
+        if self._read is None:
+            conn = await sigs._acquire()
+            self._read = sigs._spawn(self._blpop(conn))
+            if self._read is None:
+                sigs._release(conn, healthy=True)
+                return
+            sigs._reads.add(self._read)
+        fut: asyncio.Future[None] = loop.create_future()
+        self._fut = fut
+        try:
+            await sleep_on(fut, timeout)
+        finally:
+            self._fut = None
+        self._flag = False
+
+    def _block_arg(self, now: float) -> str:
+        remaining = min(self._deadline - now, WAIT_SLICE_MS / 1000.0)
+        # Decimal seconds (Redis >= 6), rounded up to whole ms; never 0, which means forever.
+        seconds = max(math.ceil(remaining * 1000.0), 1) / 1000.0
+        self._read_until = now + seconds
+        return f"{seconds:.3f}"
+
+    async def _blpop(self, conn: AbstractConnection) -> None:
+        """Owned task: BLPOP until a token arrives or nobody is waiting any more."""
+        sigs = self._sigs
+        loop = asyncio.get_running_loop()
+        healthy = False
+        try:
+            while True:
+                block = self._block_arg(loop.time())
+                blpop = ("BLPOP", self._key, block)
+                if self._registry is None:
+                    await conn.send_command(*blpop, check_health=False)
+                    replies = 1
+                else:
+                    # Re-register on every BLPOP, pipelined: keeps the registry alive.
+                    reg = self._registry
+                    commands = (
+                        ("ZADD", reg, 0, self._owner),
+                        ("PEXPIRE", reg, WAITERS_TTL_MS),
+                        blpop,
+                    )
+                    await conn.send_packed_command(conn.pack_commands(commands), False)
+                    replies = 3
+                async with asyncio.timeout(self._read_until + sigs._grace - loop.time()):
+                    for _ in range(replies):
+                        reply = await conn.read_response()  # no socket_timeout: unbounded
+                if reply is not None:
+                    self._on_token()
+                    break
+                # Timed out on the server. Block again only if a wait() is still running.
+                if not (self._entered and self._fut is not None and self._deadline > loop.time()):
+                    break
+            healthy = True
+        except (RedisError, OSError):
+            # Connection lost or our read limit passed: wake the waiter to re-check (which
+            # reports a real outage), and hand back the token the lost reply may have held.
+            sigs._give_back(self._key, self._registry, self._cap)
+            self._wake()
+        finally:
+            # Also on cancellation (the waiter left, or the backend is closing).
+            self._read = None
+            sigs._reads.discard(asyncio.current_task())
+            sigs._release(conn, healthy=healthy)
+            if sigs.closed:
+                self._wake()  # let the caller re-check and meet the closed backend
+
+    def _on_token(self) -> None:
+        if not self._entered:
+            # The waiter left meanwhile: the token is someone else's.
+            self._sigs._give_back(self._key, self._registry, self._cap)
+            return
+        self._owes = True
+        if self._reader:
+            self._sigs.woken_readers.add(self._owner)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._flag = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)

@@ -1,0 +1,60 @@
+"""How redis-py's failures reach the caller: as :class:`~aiodlock.BackendError`, password-free.
+
+Every redis-py exception (and every ``OSError``, which includes ``TimeoutError``) raised inside
+an :class:`ErrorMap` block becomes a ``BackendError`` naming the action and the server, with
+the driver's exception chained. The password never appears in the message, even where the
+driver put it in its own text. Errors of the library itself (:class:`~aiodlock.LockError`)
+pass through untouched.
+
+Example::
+
+    errors = ErrorMap("acquire", "redis://127.0.0.1:6379/0", password, limit=5.0)
+    with errors:
+        await client.ping()
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from redis.exceptions import RedisError
+
+from ..._exceptions import BackendError, LockError
+
+__all__ = ["ErrorMap"]
+
+
+class ErrorMap:
+    """``with``-block that turns driver exceptions into :class:`BackendError` (reusable).
+
+    ``limit`` is the time bound of the action, named when a ``TimeoutError`` says nothing.
+    """
+
+    __slots__ = ("_action", "_limit", "_secret", "_where")
+
+    def __init__(self, action: str, where: str, secret: str | None, limit: float) -> None:
+        self._action = action
+        self._where = where
+        self._secret = secret
+        self._limit = limit
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, LockError):
+            return
+        if isinstance(exc, RedisError | OSError):  # OSError includes TimeoutError
+            detail = str(exc)
+            if not detail and isinstance(exc, TimeoutError):
+                detail = f"no reply within {self._limit} s"
+            if self._secret:
+                detail = detail.replace(self._secret, "***")
+            raise BackendError(
+                f"redis {self._action} failed on {self._where}: {type(exc).__name__}: {detail}"
+            ) from exc

@@ -1,0 +1,121 @@
+"""The key layout of the Redis backend: which keys one lock name owns, and what each holds.
+
+A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag ``{ns:name}``
+(``T`` below), so each script touches a single slot and works on Redis Cluster::
+
+    T                STRING  mutex owner                                     (PX = lease)
+    T:fence          STRING  INCR counter of fencing tokens, all families    (no TTL)
+    T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
+    T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
+    T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
+    T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
+    T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
+    T:writer         STRING  read-write lock: the writer                     (PX = lease)
+    T:readers        ZSET    read-write lock: owner -> lease expiry, ms      (PEXPIREAT)
+    T:rw:signal      read-write channel; BLPOP mode: the writers' tokens     (PEXPIRE)
+    T:rw:rsignal     BLPOP mode: the readers' tokens                         (PEXPIRE)
+    T:rw:waiters     BLPOP mode: ZSET of blocked readers and writers         (PEXPIRE)
+    T:sem            ZSET    semaphore: permit owner -> lease expiry, ms     (PEXPIREAT)
+    T:sem:signal     semaphore channel; BLPOP mode: LIST of wake tokens      (PEXPIRE)
+    T:sem:waiters    BLPOP mode: ZSET of owners blocked on T:sem:signal      (PEXPIRE)
+
+Times in ZSET scores are server milliseconds. The mutex, the read-write lock and the semaphore
+of one name are independent families (as on every backend), sharing only the fencing counter.
+
+Names are opaque: ``{``, ``}``, spaces and unicode are fine. No suffix contains ``}``, so the
+last ``}`` of any key closes the name: two different names can never produce the same key,
+however odd the names are.
+
+``T:fence`` is the only key that deliberately outlives its lock: if it expired, tokens would
+start again at 1 and a fenced resource would refuse every new holder. It costs one small
+string per lock name ever used. Every other key carries a TTL or is deleted when it empties,
+so nothing is orphaned once holders and waiters are gone.
+"""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = ["Keys", "keys_for"]
+
+
+class Keys:
+    """The keys of one lock name, encoded once, grouped as each script takes them.
+
+    A group is named after the script it feeds (``mutex_acquire`` for ``MUTEX_ACQUIRE``...);
+    the ``_l`` groups are the BLPOP-mode variants, which also carry the waiter registry and
+    its lists.
+    """
+
+    __slots__ = (
+        "fair_acquire",
+        "fair_release",
+        "mutex",
+        "mutex_acquire",
+        "mutex_acquire_l",
+        "mutex_release",
+        "mutex_waiters",
+        "read_acquire",
+        "read_acquire_l",
+        "read_release",
+        "readers",
+        "rsignal",
+        "rw_signal",
+        "rw_waiters",
+        "sem",
+        "sem_acquire",
+        "sem_acquire_l",
+        "sem_release",
+        "sem_signal",
+        "sem_waiters",
+        "signal",
+        "write_acquire",
+        "write_acquire_l",
+        "write_release",
+        "writer",
+    )
+
+    def __init__(self, namespace: str, name: str) -> None:
+        tag = f"{{{namespace}:{name}}}".encode("utf-8", "surrogatepass")
+        fence = tag + b":fence"
+        self.mutex = tag
+        self.signal = tag + b":signal"
+        self.mutex_waiters = tag + b":waiters"
+        self.writer = tag + b":writer"
+        self.readers = tag + b":readers"
+        self.rw_signal = tag + b":rw:signal"
+        self.rsignal = tag + b":rw:rsignal"
+        self.rw_waiters = tag + b":rw:waiters"
+        self.sem = tag + b":sem"
+        self.sem_signal = tag + b":sem:signal"
+        self.sem_waiters = tag + b":sem:waiters"
+        self.mutex_acquire = (tag, fence)
+        self.mutex_release = (tag, self.signal, self.mutex_waiters)
+        self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
+        self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal)
+        self.read_acquire = (self.writer, fence, self.readers, self.rsignal, self.rw_waiters)
+        self.write_acquire = (self.writer, fence, self.readers)
+        self.read_release = (self.readers, self.rw_signal, self.rw_waiters)
+        self.write_release = (self.writer, self.rw_signal, self.rsignal, self.rw_waiters)
+        self.sem_acquire = (self.sem, fence)
+        self.sem_release = (self.sem, self.sem_signal, self.sem_waiters)
+        # BLPOP mode: acquire scripts also take the waiter registry and its lists, which a
+        # granted waiter leaves in the same step (see _scripts._LEAVE_ON_GRANT).
+        self.mutex_acquire_l = (*self.mutex_acquire, self.mutex_waiters, self.signal)
+        self.read_acquire_l = (*self.read_acquire, self.rw_signal)
+        self.write_acquire_l = (*self.write_acquire, self.rw_waiters, self.rw_signal, self.rsignal)
+        self.sem_acquire_l = (*self.sem_acquire, self.sem_waiters, self.sem_signal)
+
+    def owner_signal(self, owner: str) -> bytes:
+        """``T:signal:OWNER``: the BLPOP list of one fair waiter (the fair queue guards it).
+
+        The scripts derive the same name (``signal .. ':' .. owner``) from ``T:signal``.
+        """
+        return self.signal + b":" + owner.encode("utf-8", "surrogatepass")
+
+
+@functools.lru_cache(maxsize=4096)
+def keys_for(namespace: str, name: str) -> Keys:
+    """The (cached) :class:`Keys` of ``name`` in ``namespace``."""
+    # Bounded: an application locking millions of distinct names must not grow us forever.
+    return Keys(namespace, name)

@@ -1,0 +1,279 @@
+"""One Redis server as a :class:`~._source.ConnectionSource`: ``redis://``, ``rediss://``,
+``unix://``.
+
+:class:`NodeSource` owns the connection settings taken from the URL and the options (host and
+port or socket path, TLS, database, username and password, timeouts, client name), the
+redis-py client with its pool of command connections, the side connections handed to the
+waiters, the sweeper that bounds every command, and the translation of driver errors.
+
+redis-py's own retries are off: retrying a non-idempotent acquire whose reply was lost would
+make us our own blocker; instead the core compensates with release-if-owner, which the
+protocol makes safe.
+
+Example::
+
+    source = NodeSource(parse_url("rediss://:secret@cache.internal:6380/2"), {"max_connections": 4})
+    await source.open()
+    source.describe()  # "rediss://:***@cache.internal:6380/2"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, TypeVarTuple
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ..._exceptions import BackendError
+from ..._validate import check_seconds
+from ._deadlines import Deadlines
+from ._errors import ErrorMap
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+    from ..._url import ParsedURL
+    from ._source import Prepare
+
+__all__ = ["NodeSource"]
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+_DEFAULT_PORT: Final = 6379
+_DEFAULT_CONNECT_TIMEOUT: Final = 5.0
+_DEFAULT_SOCKET_TIMEOUT: Final = 5.0
+_DEFAULT_MAX_CONNECTIONS: Final = 2
+_CLIENT_NAME: Final = "aiodlock"
+
+
+class NodeSource:
+    """The connections to one Redis server (see the module docstring).
+
+    Options: ``connect_timeout`` (seconds, default 5; bounds connecting, AUTH and the first
+    PING), ``socket_timeout`` (seconds, default 5; bounds each command), ``max_connections``
+    (command connections, default 2: commands queue for a free one) and ``db`` (for
+    ``unix://``; ``redis://host/N`` carries it in the path).
+    """
+
+    options: ClassVar[Mapping[str, type]] = {
+        "connect_timeout": float,
+        "socket_timeout": float,
+        "max_connections": int,
+        "db": int,
+    }
+
+    def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        connect_timeout = _seconds(options, "connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
+        socket_timeout = _seconds(options, "socket_timeout", _DEFAULT_SOCKET_TIMEOUT)
+        max_connections = options.get("max_connections")
+        if max_connections is None:
+            max_connections = _DEFAULT_MAX_CONNECTIONS
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError(
+                f"option max_connections must be an int, not {type(max_connections).__name__}"
+            )
+        if max_connections < 1:
+            raise ValueError(f"option max_connections must be >= 1, not {max_connections}")
+
+        self.connect_timeout: float = connect_timeout
+        self.socket_timeout: float = socket_timeout
+        self._where = url.redacted()
+        self._secret = url.password
+        self._max_connections = max_connections
+        self._conn_class, self._conn_kwargs = _connection_settings(url, options, connect_timeout)
+        self._client: aioredis.Redis | None = None
+        self._closed = False
+        self._slots = asyncio.Semaphore(max_connections)
+        self._deadlines = Deadlines(socket_timeout)
+        self._clock: Callable[[], float] = time.monotonic  # the loop's clock once open
+        self._tg: asyncio.TaskGroup | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._errors: dict[str, ErrorMap] = {}
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._client is not None else "new"
+        return f"<NodeSource {self._where} {state}>"
+
+    # ---------------------------------------------------------------- lifetime
+
+    async def open(self, prepare: Prepare | None = None) -> None:
+        """Connect and PING, then ``prepare(client)``, all within ``connect_timeout``."""
+        if self._client is not None or self._closed:
+            raise RuntimeError("a NodeSource is opened once")
+        pool = aioredis.ConnectionPool(
+            max_connections=self._max_connections,
+            connection_class=self._conn_class,
+            **self._conn_kwargs,
+        )
+        client = aioredis.Redis.from_pool(pool)
+        try:
+            with self.errors("connect"):
+                async with asyncio.timeout(self.connect_timeout):
+                    await client.ping()
+                    if prepare is not None:
+                        await prepare(client)
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client = client
+        self._clock = asyncio.get_running_loop().time
+        self._tg = tg = asyncio.TaskGroup()
+        await tg.__aenter__()
+        self._sweeper = tg.create_task(self._deadlines.sweep())
+
+    async def aclose(self) -> None:
+        """Refuse new commands, wait for those in flight (within ``socket_timeout``), close.
+
+        Idempotent. Commands in flight finish before the pool closes, so no connection is
+        reopened behind our back.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            # Holding every slot means no command is in flight (the sweeper still bounds them).
+            for _ in range(self._max_connections):
+                await self._slots.acquire()
+            for _ in range(self._max_connections):
+                self._slots.release()  # whoever still queues fails fast: _client is None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            # The sweeper ends on cancellation and never raises, so this is safe from any task
+            # (a failing child would cancel the task that entered the group).
+            await tg.__aexit__(None, None, None)
+        if client is not None:
+            await client.aclose()
+
+    # ---------------------------------------------------------------- ConnectionSource
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The command client; ``BackendError`` before :meth:`open` and once closed."""
+        client = self._client
+        if client is None:
+            raise self._unavailable()
+        return client
+
+    async def call(
+        self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
+    ) -> _T:
+        """``await fn(client, *args)`` on a free command connection, bounded in time."""
+        client = self._client
+        if client is None:
+            raise self._unavailable()
+        # At most max_connections commands in flight; the rest queue here, not in the pool
+        # (whose own blocking mode costs every command a Condition round).
+        slots = self._slots
+        await slots.acquire()
+        try:
+            # Again once we have a slot: aclose() may have closed the pool meanwhile.
+            client = self._client
+            if client is None:
+                raise self._unavailable()
+            task = asyncio.current_task()
+            assert task is not None
+            deadlines = self._deadlines
+            deadlines.start(task, self._clock())
+            error: BaseException | None = None
+            try:
+                return await fn(client, *args)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                deadlines.end(task, error)
+        finally:
+            slots.release()
+
+    def errors(self, action: str) -> ErrorMap:
+        """Driver errors -> ``BackendError`` for ``action`` (see :mod:`._errors`)."""
+        errors = self._errors.get(action)
+        if errors is None:
+            limit = self.connect_timeout if action == "connect" else self.socket_timeout
+            errors = self._errors[action] = ErrorMap(action, self._where, self._secret, limit)
+        return errors
+
+    def new_connection(self, purpose: str) -> AbstractConnection:
+        """A side connection with the pool's settings, named ``aiodlock:<purpose>``."""
+        return self._conn_class(**{**self._conn_kwargs, "client_name": f"{_CLIENT_NAME}:{purpose}"})
+
+    def describe(self) -> str:
+        """The URL without its password."""
+        return self._where
+
+    def _unavailable(self) -> BackendError:
+        state = "closed" if self._closed else "not open yet"
+        return BackendError(f"the redis backend for {self._where} is {state}")
+
+
+def _connection_settings(
+    url: ParsedURL,
+    options: Mapping[str, Any],
+    connect_timeout: float,
+) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """redis-py connection class and keyword arguments for ``url`` (validated here)."""
+    common: dict[str, Any] = {
+        "username": url.username,
+        "password": url.password,
+        # No socket_timeout inside redis-py: with one set, every send goes through
+        # asyncio.wait_for, which on Python 3.11 swallows a cancellation that arrives as the
+        # send completes -- a cancelled acquire would carry on and take the lock. Commands
+        # are bounded by Deadlines instead (side connections by their users' own timers).
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout,
+        # Retries off: see the module docstring (a replayed acquire could block ourselves).
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2: plain arrays for pub/sub, no HELLO/maintenance-notification handshake.
+        "protocol": 2,
+        "decode_responses": False,
+        "client_name": _CLIENT_NAME,
+    }
+    if url.scheme == "unix":
+        if not url.path:
+            raise ValueError("unix:// url needs a socket path: unix:///run/redis.sock?db=0")
+        db_text = options.get("db", url.query.get("db", 0))
+        common["db"] = _check_db(db_text)
+        common["path"] = url.path
+        return UnixDomainSocketConnection, common
+    if len(url.hosts) > 1:
+        raise ValueError(
+            f"{url.scheme}:// takes one host, got {len(url.hosts)}; "
+            "use redlock:// for several independent masters"
+        )
+    host, port = url.hosts[0] if url.hosts else ("localhost", None)
+    path = url.path.strip("/")
+    if path and options.get("db") is not None:
+        raise ValueError("give the database either in the url path or as the db option")
+    common["db"] = _check_db(path or options.get("db", url.query.get("db", 0)))
+    common["host"] = host or "localhost"
+    common["port"] = port or _DEFAULT_PORT
+    common["socket_keepalive"] = True
+    if url.scheme == "rediss":
+        return SSLConnection, common
+    return Connection, common
+
+
+def _check_db(value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError("db must be an int")
+    try:
+        db = int(str(value))
+    except ValueError:
+        raise ValueError(f"the redis database must be a number >= 0, not {value!r}") from None
+    if db < 0:
+        raise ValueError(f"the redis database must be a number >= 0, not {db}")
+    return db
+
+
+def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
+    value = check_seconds(options.get(key), argument=key)
+    return default if value is None else value

@@ -1,0 +1,444 @@
+"""Pub/sub wakeups (the default): :class:`PubSubHub` and its :class:`PubSubWaiter`.
+
+ONE dedicated connection per backend carries every subscription of the process. An
+in-process registry maps each channel to its local waiters; SUBSCRIBE/UNSUBSCRIBE are
+ref-counted (sent when the first waiter arrives / the last one leaves) and batched by a
+writer task, and one reader task routes messages. Entering a waiter returns once the
+server has confirmed the channel's SUBSCRIBE (at once if it already had). Payload ``1``
+wakes the longest-waiting local waiter of the channel, ``*`` wakes them all, anything else
+is an owner id and wakes that (fair-queue) waiter only. Wakeups are *banked*: the router
+sets a flag that the next ``wait()`` consumes, so a message that arrives while the waiter
+is busy re-checking is not lost (redisson#5761). After the connection drops and comes
+back, every channel is re-subscribed and all its waiters are woken to re-check, because
+releases published while we were away are gone for good.
+
+1000 waiters on one or many locks cost exactly one connection; leaving (also by
+cancellation) is synchronous bookkeeping, so nothing stays subscribed.
+
+The connection comes from the backend's :class:`~._source.ConnectionSource` and is driven
+directly rather than through redis-py's ``PubSub``: its ``subscribe()`` only *sends*
+SUBSCRIBE (the confirmation is a message some reader has to pick up), it re-subscribes
+silently inside a read after a reconnect (so nobody learns that messages were lost), and its
+reads and writes share one lock-free connection object between tasks. Here one writer task
+owns every write, one reader task every read.
+
+The rules both wakeup mechanisms follow are in :mod:`._wait`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
+
+from ..._exceptions import BackendError
+from ._source import disconnect_quietly
+from ._wait import sleep_on
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+    from ._source import ConnectionSource
+
+__all__ = ["PubSubHub", "PubSubWaiter"]
+
+_log = logging.getLogger("aiodlock.redis")
+
+_ONE: Final = b"1"
+_ALL: Final = b"*"
+
+# Channel states on the server, as far as our one connection knows.
+_ABSENT: Final = 0
+_SUBSCRIBING: Final = 1
+_SUBSCRIBED: Final = 2
+_UNSUBSCRIBING: Final = 3
+
+_PING_INTERVAL: Final = 15.0
+"""An idle pub/sub connection is PINGed this often; no reply within another interval means it
+is dead (a silent partition would otherwise leave every waiter on its cap)."""
+_MIN_BACKOFF: Final = 0.05
+_MAX_BACKOFF: Final = 2.0
+
+
+class _Channel:
+    __slots__ = ("name", "pending", "recheck", "state", "waiters")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        # Insertion order = arrival order: "1" goes to the longest-waiting waiter.
+        self.waiters: dict[PubSubWaiter, None] = {}
+        self.state = _ABSENT
+        # One future per waiter still inside __aenter__, resolved with None once the server
+        # confirmed the SUBSCRIBE, or with the error that prevented it.
+        self.pending: list[asyncio.Future[BaseException | None]] = []
+        # Set when the connection dropped under live waiters: wake them all on resubscribe.
+        self.recheck = False
+
+
+class PubSubWaiter:
+    """One waiting acquisition on a pub/sub channel; an async context manager (see module)."""
+
+    __slots__ = ("_ch", "_flag", "_fut", "_hub", "_name", "_owes", "_owner")
+
+    def __init__(self, hub: PubSubHub, channel: bytes, owner: bytes) -> None:
+        self._hub = hub
+        self._name = channel
+        self._owner = owner
+        self._ch: _Channel | None = None
+        self._flag = False  # a banked wakeup, consumed by the next wait()
+        self._owes = False  # got a "wake one" that no re-check has used yet
+        self._fut: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> PubSubWaiter:
+        await self._hub._join(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._hub._leave(self, failed=exc_type is not None)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (or a wakeup was banked), or after ``timeout`` seconds."""
+        if self._flag:
+            self._flag = False
+            return
+        # Waiting again means the caller re-checked since the last wakeup: it was used.
+        self._owes = False
+        if self._ch is None or self._hub.closed or (timeout is not None and timeout <= 0):
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._fut = fut
+        try:
+            await sleep_on(fut, timeout)
+        finally:
+            self._fut = None
+        self._flag = False
+
+    def _wake(self, owes: bool) -> None:
+        self._flag = True
+        if owes:
+            self._owes = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+class PubSubHub:
+    """All pub/sub subscriptions of one backend, over one connection (see module docstring).
+
+    The supervisor (:meth:`run`) lives in the backend's TaskGroup. It connects lazily (when
+    the first waiter arrives), runs a reader and a writer task over the connection, and on any
+    failure tears both down, reconnects with capped exponential backoff and re-subscribes.
+    """
+
+    def __init__(self, source: ConnectionSource) -> None:
+        self._source = source
+        self._connect_timeout = source.connect_timeout
+        # A first waiter may have to wait for a connect, then for the SUBSCRIBE's reply.
+        self._confirm_timeout = source.connect_timeout + source.socket_timeout
+        self._where = source.describe()
+        self._channels: dict[bytes, _Channel] = {}
+        self._dirty: set[bytes] = set()
+        self._kick = asyncio.Event()  # the writer has work
+        self._needed = asyncio.Event()  # a channel wants subscribing: connect
+        self._conn: AbstractConnection | None = None
+        self._ping_due = False
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.connects = 0
+        self.waiters = 0
+
+    # ---------------------------------------------------------------- public surface
+
+    def waiter(self, channel: bytes, owner: str) -> PubSubWaiter:
+        """A waiter on ``channel`` for the acquisition of ``owner`` (not entered yet)."""
+        return PubSubWaiter(self, channel, owner.encode("utf-8", "surrogatepass"))
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        """Run the supervisor (:meth:`run`) as a task made by ``spawn`` (the owner's group)."""
+        self._task = spawn(self.run())
+
+    def close(self) -> None:
+        """Stop the supervisor and release everyone waiting; synchronous and idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+        error = BackendError(f"the redis backend for {self._where} is closed")
+        for ch in self._channels.values():
+            self._settle(ch, error)
+            for w in ch.waiters:
+                w._wake(owes=False)
+
+    def statistics(self) -> dict[str, int]:
+        conn = self._conn
+        return {
+            "pubsub_connections": int(conn is not None and conn.is_connected),
+            "subscribed_channels": sum(ch.state == _SUBSCRIBED for ch in self._channels.values()),
+            "waiters": self.waiters,
+            "pubsub_connects": self.connects,
+        }
+
+    # ---------------------------------------------------------------- waiter bookkeeping
+
+    async def _join(self, w: PubSubWaiter) -> None:
+        if self.closed:
+            raise BackendError(f"the redis backend for {self._where} is closed")
+        if w._ch is not None:
+            raise RuntimeError("this waiter is already entered")
+        ch = self._channels.get(w._name)
+        if ch is None:
+            ch = self._channels[w._name] = _Channel(w._name)
+        ch.waiters[w] = None
+        w._ch = ch
+        self.waiters += 1
+        if ch.state == _SUBSCRIBED:
+            return
+        fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        ch.pending.append(fut)
+        self._mark(ch.name)
+        try:
+            async with asyncio.timeout(self._confirm_timeout):
+                error = await fut
+        except BaseException as exc:
+            # Cancelled (or timed out) before the server confirmed: undo, synchronously.
+            if fut in ch.pending:
+                ch.pending.remove(fut)
+            self._leave(w, failed=True)
+            if isinstance(exc, TimeoutError):
+                raise BackendError(
+                    f"redis did not confirm a SUBSCRIBE within {self._confirm_timeout} s "
+                    f"on {self._where}"
+                ) from None
+            raise
+        if error is not None:
+            self._leave(w, failed=True)
+            if isinstance(error, BackendError):
+                raise error
+            raise BackendError(
+                f"cannot subscribe on {self._where}: {type(error).__name__}: {error}"
+            ) from error
+
+    def _leave(self, w: PubSubWaiter, *, failed: bool) -> None:
+        ch = w._ch
+        if ch is None:
+            return
+        w._ch = None
+        del ch.waiters[w]
+        self.waiters -= 1
+        if w._owes and (failed or w._flag):
+            # We took a "wake one" and will not use it (cancelled or timed out before the
+            # re-check, or it arrived as we left with the lock): pass it on.
+            self._wake_one(ch)
+        w._flag = w._owes = False
+        if not ch.waiters:
+            if ch.state == _ABSENT and not ch.pending:
+                del self._channels[ch.name]
+            elif ch.state == _SUBSCRIBED:
+                self._mark(ch.name)
+            # SUBSCRIBING/UNSUBSCRIBING: the server's reply decides (see _on_*).
+
+    def _mark(self, name: bytes) -> None:
+        self._dirty.add(name)
+        self._kick.set()
+        self._needed.set()
+
+    def _settle(self, ch: _Channel, error: BaseException | None) -> None:
+        pending, ch.pending = ch.pending, []
+        for fut in pending:
+            if not fut.done():
+                fut.set_result(error)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for ch in list(self._channels.values()):
+            self._settle(ch, error)
+
+    # ---------------------------------------------------------------- routing
+
+    def _wake_one(self, ch: _Channel) -> None:
+        for w in ch.waiters:
+            if not w._flag:
+                w._wake(owes=True)
+                return
+
+    def _route(self, name: bytes, data: bytes) -> None:
+        ch = self._channels.get(name)
+        if ch is None or not ch.waiters:
+            return
+        if data == _ONE:
+            self._wake_one(ch)
+        elif data == _ALL:
+            for w in ch.waiters:
+                w._wake(owes=False)
+        else:
+            for w in ch.waiters:
+                if w._owner == data:
+                    w._wake(owes=False)
+                    return
+
+    def _on_subscribe(self, name: bytes) -> None:
+        ch = self._channels.get(name)
+        if ch is None:
+            ch = self._channels[name] = _Channel(name)
+        ch.state = _SUBSCRIBED
+        self._settle(ch, None)
+        if ch.recheck:
+            # Back after a disconnect: anything published meanwhile is lost; re-check all.
+            ch.recheck = False
+            for w in ch.waiters:
+                w._wake(owes=False)
+        if not ch.waiters:
+            self._mark(name)
+
+    def _on_unsubscribe(self, name: bytes) -> None:
+        ch = self._channels.get(name)
+        if ch is None:
+            return
+        ch.state = _ABSENT
+        if ch.waiters or ch.pending:
+            self._mark(name)  # someone arrived while it was going away: subscribe again
+        else:
+            del self._channels[name]
+
+    def _on_disconnect(self) -> None:
+        for name, ch in list(self._channels.items()):
+            if ch.state in (_SUBSCRIBED, _UNSUBSCRIBING) and ch.waiters:
+                ch.recheck = True
+            ch.state = _ABSENT
+            if not ch.waiters and not ch.pending:
+                del self._channels[name]
+        self._dirty.clear()
+
+    # ---------------------------------------------------------------- connection tasks
+
+    async def run(self) -> None:
+        """Supervise the pub/sub connection until cancelled; never raises otherwise."""
+        loop = asyncio.get_running_loop()
+        delay = 0.0
+        while not self.closed:
+            if not self._channels:
+                self._needed.clear()
+                await self._needed.wait()
+                continue
+            conn = self._source.new_connection("pubsub")
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await conn.connect()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                await disconnect_quietly(conn)
+                # Warn once per outage; the retries after it are routine.
+                _log.log(
+                    logging.DEBUG if delay else logging.WARNING,
+                    "redis pub/sub connect to %s failed: %s: %s",
+                    self._where,
+                    type(exc).__name__,
+                    exc,
+                )
+                self._fail_pending(exc)
+                delay = min(_MAX_BACKOFF, max(_MIN_BACKOFF, delay * 2))
+                # Reconnect backoff (jittered), not a lock poll: waiters are capped anyway.
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                continue
+            started = loop.time()
+            self.connects += 1
+            self._conn = conn
+            for ch in self._channels.values():
+                ch.state = _ABSENT
+                self._dirty.add(ch.name)
+            self._kick.set()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self._read_loop(conn))
+                    tg.create_task(self._write_loop(conn))
+            except Exception as exc:
+                cause = _find(exc, Exception)
+                _log.warning(
+                    "redis pub/sub connection to %s lost: %s: %s",
+                    self._where,
+                    type(cause).__name__,
+                    cause,
+                )
+                refused = _find(exc, ResponseError)
+                if refused is not None:
+                    # The server refused a SUBSCRIBE (ACL?): retrying will not help them.
+                    self._fail_pending(refused)
+            finally:
+                self._conn = None
+                self._on_disconnect()
+                await disconnect_quietly(conn)
+            delay = 0.0 if loop.time() - started > 5.0 else max(_MIN_BACKOFF, delay * 2)
+            if delay:
+                await asyncio.sleep(min(delay, _MAX_BACKOFF) * random.uniform(0.5, 1.0))
+
+    async def _read_loop(self, conn: AbstractConnection) -> None:
+        ping_sent = False
+        while True:
+            reply = await conn.read_response(timeout=_PING_INTERVAL, disconnect_on_error=False)
+            if reply is None:  # nothing for a whole interval
+                if ping_sent:
+                    raise RedisConnectionError("the pub/sub connection stopped answering PING")
+                ping_sent = self._ping_due = True
+                self._kick.set()
+                continue
+            ping_sent = False
+            if type(reply) is not list:
+                continue  # +PONG while nothing is subscribed
+            kind = reply[0]
+            if kind == b"message":
+                self._route(reply[1], reply[2])
+            elif kind == b"subscribe":
+                self._on_subscribe(reply[1])
+            elif kind == b"unsubscribe":
+                self._on_unsubscribe(reply[1])
+
+    async def _write_loop(self, conn: AbstractConnection) -> None:
+        kick = self._kick
+        while True:
+            await kick.wait()
+            kick.clear()
+            subscribe: list[bytes] = []
+            unsubscribe: list[bytes] = []
+            for name in self._dirty:
+                ch = self._channels.get(name)
+                if ch is None:
+                    continue
+                if ch.state == _ABSENT:
+                    if ch.waiters or ch.pending:
+                        ch.state = _SUBSCRIBING
+                        subscribe.append(name)
+                    else:
+                        del self._channels[name]
+                elif ch.state == _SUBSCRIBED and not ch.waiters and not ch.pending:
+                    ch.state = _UNSUBSCRIBING
+                    unsubscribe.append(name)
+            self._dirty.clear()
+            if subscribe:
+                await conn.send_command("SUBSCRIBE", *subscribe, check_health=False)
+            if unsubscribe:
+                await conn.send_command("UNSUBSCRIBE", *unsubscribe, check_health=False)
+            if self._ping_due:
+                self._ping_due = False
+                await conn.send_command("PING", check_health=False)
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` in ``exc``, looking inside exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+        return None
+    return exc if isinstance(exc, kind) else None
+

@@ -1,0 +1,122 @@
+"""The seam between the Redis backend and the server(s) it reaches: :class:`ConnectionSource`.
+
+A connection source owns everything about *reaching* Redis -- settings from the URL, the
+redis-py client and its pool, side connections for wakeups, time limits and error
+translation -- and nothing about locks. The backend and its waiters reach Redis only through
+this interface, so another topology is another source behind the same backend:
+
+- :class:`~._node.NodeSource`: one server (``redis://``, ``rediss://``, ``unix://``), the only
+  one implemented;
+- a Sentinel source would follow the master through failovers, a Cluster source would route
+  by slot (every key of one lock shares a hash tag), and a Redlock backend would compose one
+  node source per independent master.
+
+Example::
+
+    source = NodeSource(parse_url("redis://localhost:6379/0"), {})
+    await source.open(scripts.load_all)
+    with source.errors("release"):
+        done = await source.call(scripts.run, scripts.MUTEX_RELEASE, keys, owner, "p")
+    await source.aclose()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, TypeVarTuple
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+    from redis.asyncio.connection import AbstractConnection
+
+__all__ = ["ConnectionSource", "Prepare", "disconnect_quietly"]
+
+_log = logging.getLogger("aiodlock.redis")
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+Prepare: TypeAlias = Callable[["aioredis.Redis"], Awaitable[None]]
+"""Work :meth:`ConnectionSource.open` does on a fresh client before declaring it open."""
+
+
+class ConnectionSource(Protocol):
+    """How a Redis backend reaches its server: commands, side connections, limits, errors.
+
+    Messages and ``describe()`` never show the password. Every method raising an error about
+    the server raises :class:`~aiodlock.BackendError`.
+    """
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds allowed for connecting a connection (and for :meth:`open` as a whole)."""
+        ...
+
+    @property
+    def socket_timeout(self) -> float:
+        """Seconds allowed for one command (enforced by :meth:`call`)."""
+        ...
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The command client while open; ``BackendError`` before :meth:`open` and once closed.
+
+        Prefer :meth:`call`, which also waits for a free connection and bounds the command.
+        """
+        ...
+
+    async def open(self, prepare: Prepare | None = None) -> None:
+        """Connect, check that the server answers, then run ``prepare(client)``.
+
+        All of it within ``connect_timeout``; on any failure nothing is left open, and a
+        driver error becomes ``BackendError``. A source is opened once (``RuntimeError``).
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Refuse new commands, let those in flight finish (bounded), close the pool.
+
+        Idempotent. Side connections handed out by :meth:`new_connection` are their
+        holders' to close.
+        """
+        ...
+
+    async def call(
+        self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
+    ) -> _T:
+        """``await fn(client, *args)``: one command (or a NOSCRIPT reload and its retry).
+
+        Waits for a free command connection, then cuts ``fn`` off after ``socket_timeout``
+        with ``TimeoutError``. Raises ``BackendError`` if the source is not open. Driver
+        errors pass through untranslated: the caller names the action (:meth:`errors`).
+        """
+        ...
+
+    def errors(self, action: str) -> AbstractContextManager[None]:
+        """A reusable ``with`` block turning driver errors into ``BackendError``.
+
+        The message names ``action`` (``"acquire"``, ``"wakeup"``...) and :meth:`describe`.
+        """
+        ...
+
+    def new_connection(self, purpose: str) -> AbstractConnection:
+        """A new, not yet connected connection outside the pool, for blocking or pub/sub use.
+
+        Its client name is ``aiodlock:<purpose>``. The caller connects it (within
+        ``connect_timeout``) and closes it (:func:`disconnect_quietly`).
+        """
+        ...
+
+    def describe(self) -> str:
+        """The server(s), without the password, for messages and ``repr()``."""
+        ...
+
+
+async def disconnect_quietly(conn: AbstractConnection) -> None:
+    """Close a side connection that is being dropped anyway, ignoring how it fails."""
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # closing a broken socket may fail in many ways
+        _log.debug("error while closing a redis connection", exc_info=True)
