@@ -42,34 +42,58 @@ class LeaseState:
     """One grant's state: who holds what, until when, and whether it is still held.
 
     ``valid_until`` is event-loop time: the pessimistic local deadline computed from the *send*
-    time of the last confirmed acquire or renew, minus a drift margin.
+    time of the last confirmed acquire or renew, minus a drift margin — and, for a session
+    lease, no later than ``session_deadline()``: the time until which the backend knows the
+    session holding the lease is alive on the server (see ``Backend.session_deadline``).
     """
 
     __slots__ = (
         "_callbacks",
+        "_session_deadline",
+        "_ttl_valid_until",
         "fencing_token",
         "lost",
         "lost_reason",
         "owner",
         "spec",
         "status",
-        "valid_until",
     )
 
-    def __init__(self, spec: LockSpec, owner: str, fencing_token: int, valid_until: float) -> None:
+    def __init__(
+        self,
+        spec: LockSpec,
+        owner: str,
+        fencing_token: int,
+        valid_until: float,
+        *,
+        session_deadline: Callable[[], float | None] | None = None,
+    ) -> None:
         self.spec = spec
         self.owner = owner
         self.fencing_token = fencing_token
-        self.valid_until = valid_until
+        self._ttl_valid_until = valid_until
+        self._session_deadline = session_deadline
         self.status = LeaseStatus.HELD
         self.lost_reason: LockLostError | None = None
         self.lost = asyncio.Event()
         self._callbacks: list[LossCallback] = []
 
+    @property
+    def valid_until(self) -> float:
+        """The earlier of the ttl-based deadline and the session's (module docstring)."""
+        session = self.session_deadline()
+        if session is None or session >= self._ttl_valid_until:
+            return self._ttl_valid_until
+        return session
+
+    def session_deadline(self) -> float | None:
+        """Until when the session holding the lease is surely alive, if it is a session lease."""
+        return None if self._session_deadline is None else self._session_deadline()
+
     def renewed(self, valid_until: float) -> None:
         """The service confirmed the lease: it is valid locally until ``valid_until``."""
         if self.status is LeaseStatus.HELD:
-            self.valid_until = valid_until
+            self._ttl_valid_until = valid_until
 
     def lose(self, reason: LockLostError) -> None:
         """HELD → LOST: set ``lost`` and tell every loss callback, once. No-op otherwise."""
@@ -118,7 +142,14 @@ class LeaseState:
             raise self.lost_reason
         if self.status is LeaseStatus.RELEASED:
             raise LockNotOwnedError(f"lease on {self.spec.name!r} was released")
-        if now >= self.valid_until:
+        session = self.session_deadline()
+        if session is not None and now >= session:
+            raise LockLostError(
+                f"lease on {self.spec.name!r} is past its session's deadline: the server may "
+                "have ended the session (the process or event loop was stalled, or the server "
+                "did not answer)"
+            )
+        if now >= self._ttl_valid_until:
             raise LockLostError(f"lease on {self.spec.name!r} is past its validity deadline")
 
 

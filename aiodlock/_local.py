@@ -174,6 +174,14 @@ class Holdings:
         reason = state.lost_reason
         if not state.end():
             return  # released before: idempotent
+        if live is not None and not live.keeper.done():
+            # A renewal may be in flight on the very connection the release will use (MySQL,
+            # ZooKeeper pin one per lease): let the cancelled keep-alive finish first.
+            try:
+                await asyncio.wait((live.keeper,))
+            except asyncio.CancelledError:
+                self._supervisor.compensate(state.spec, state.owner)
+                raise
         released = await self._supervisor.release(state.spec, state.owner)
         what = state.spec.describe()
         if reason is not None:

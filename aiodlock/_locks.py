@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, final
 
@@ -196,7 +197,17 @@ class BaseLock:
 
     def _hold(self, granted: Granted, task: asyncio.Task[Any]) -> LiveLease:
         valid_until = granted.sent + self.ttl - drift(self.ttl)
-        state = LeaseState(self._spec, granted.owner, granted.fencing_token, valid_until)
+        backend = self._context.backend
+        session = None
+        if Capability.SESSION_LEASE in backend.capabilities:
+            session = partial(backend.session_deadline, self._spec, granted.owner)
+        state = LeaseState(
+            self._spec,
+            granted.owner,
+            granted.fencing_token,
+            valid_until,
+            session_deadline=session,
+        )
         state.on_loss(self._note_lost)
         return self._context.holdings.add(
             state, task=task, source=self, ttl=self.ttl, max_hold=self.max_hold

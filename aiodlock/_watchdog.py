@@ -86,6 +86,13 @@ async def _renew_forever(
         if now >= state.valid_until:
             if hold_until is not None and now >= hold_until:
                 raise LockLostError(f"lock {name!r} was held longer than max_hold")
+            session = state.session_deadline()
+            if session is not None and now >= session:
+                raise LockLostError(
+                    f"lease on {name!r} passed its session's deadline: no answer from "
+                    f"{backend.describe()} in time (the event loop or process was stalled, or "
+                    "the server is unreachable), so the server may have ended the session"
+                )
             raise LockLostError(
                 f"lease on {name!r} passed its local validity deadline "
                 "(renewals failed, or the event loop or process was stalled)"

@@ -37,6 +37,15 @@ The contract, per method:
     knows the lease is gone (session expired, connection dropped), so the watchdog reacts at
     once instead of at the next ``renew``; ``None`` if only ``renew`` can tell (TTL backends).
 
+``session_deadline(spec, owner)``
+    For a lease held by ``owner`` on a backend that declares ``SESSION_LEASE``: the event-loop
+    time until which the session holding it is surely alive on the server — the *send* time of
+    the newest request the server answered, plus how long the server waits before ending a
+    silent session, minus a margin — or ``None`` if there is no such bound. The core keeps
+    ``lease.valid_until`` (and so ``assert_held()`` and the watchdog's deadline) no later than
+    this, so a process paused past its session never believes it still holds the lock. Called
+    often: no I/O. TTL backends return ``None`` (their renewals already bound the lease).
+
 ``waiter(spec, owner)``
     An async context manager. Entering it arms the wakeup (subscribes) and returns only once the
     wakeup is live, so a check made after entering cannot miss a release. ``Waiter.wait(t)``
@@ -256,6 +265,10 @@ class Backend(Protocol):
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
         """An event set when ``owner``'s lease is known lost (see the module docstring)."""
+        ...
+
+    def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
+        """Until when the session holding ``owner``'s lease is surely alive (module docstring)."""
         ...
 
     def waiter(self, spec: LockSpec, owner: str) -> AbstractAsyncContextManager[Waiter]:

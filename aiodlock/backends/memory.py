@@ -216,6 +216,10 @@ class MemoryBackend:
         """None: a memory lease is lost only by expiry or break_lock, which renew() reports."""
         return None
 
+    def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
+        """None: a memory lease is a TTL lease, bounded by its renewals."""
+        return None
+
     @asynccontextmanager
     async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
         key = self._key(spec)

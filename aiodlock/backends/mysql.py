@@ -434,6 +434,12 @@ class MySQLBackend:
             return None
         return acq.event
 
+    def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
+        """None: the holding connection's ``wait_timeout`` is ``ceil(ttl)``, so the server
+        keeps a silent holder's session at least ``ttl`` after its last keep-alive, and the
+        ttl-based validity (last confirmed keep-alive + ttl - drift) already passes first."""
+        return None
+
     @asynccontextmanager
     async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
         """Reserve the acquisition's connection; waits run ``GET_LOCK`` on it."""

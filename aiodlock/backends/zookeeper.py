@@ -629,6 +629,18 @@ class ZooKeeperBackend:
             return None
         return entry.lost_event
 
+    def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
+        """``contact + suspended_grace``: the server heard from our session no earlier than
+        ``contact`` (the send time of the newest answered request), and the grace is shorter
+        than the negotiated session timeout. With a ttl longer than the session (the defaults:
+        30 s against 10 s), this is what keeps a paused holder from trusting its lease.
+        ``None`` if ``owner`` holds nothing here."""
+        entry = self._entries.get((self._directory(spec), owner))
+        transport = self._transport
+        if entry is None or not entry.held or transport is None:
+            return None
+        return transport.contact + self._grace
+
     # ------------------------------------------------------------------ queueing
 
     @property

@@ -3,6 +3,10 @@
     python -m aiodlock.testing._holder LOOP URL OPTIONS NAMESPACE hold NAME TTL
         acquire, print "acquired <token>", then keep working until the lease is lost:
         print "lost ..." and exit 3 (exit 0 is never expected: the parent stops or kills us).
+    python -m aiodlock.testing._holder LOOP URL OPTIONS NAMESPACE write NAME TTL
+        acquire, print "acquired <token>", then every 10 ms check ``lease.assert_held()`` and
+        print "wrote <time.monotonic()>" (a write the resource would accept) until the lease
+        is lost: print "lost ..." and exit 3.
     python -m aiodlock.testing._holder LOOP URL OPTIONS NAMESPACE count NAME ROUNDS FILE
         ROUNDS times: under the lock, read the number in FILE, sleep, write it + 1; print
         each hold as a JSON line (aiodlock.testing.Hold) for the parent's history check.
@@ -21,6 +25,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,19 @@ async def hold(locks: aiodlock.LockClient, name: str, ttl: float) -> int:
         async with locks.lock(name, ttl=ttl) as lease:
             print(f"acquired {lease.fencing_token}", flush=True)
             await asyncio.Event().wait()  # "work" until the lease is lost
+    except aiodlock.LockLostError as exc:
+        print(f"lost {exc}", flush=True)
+    return 3
+
+
+async def write(locks: aiodlock.LockClient, name: str, ttl: float) -> int:
+    try:
+        async with locks.lock(name, ttl=ttl) as lease:
+            print(f"acquired {lease.fencing_token}", flush=True)
+            while True:
+                await asyncio.sleep(0.01)
+                lease.assert_held()  # what a careful holder does right before each write
+                print(f"wrote {time.monotonic()}", flush=True)
     except aiodlock.LockLostError as exc:
         print(f"lost {exc}", flush=True)
     return 3
@@ -57,12 +75,14 @@ async def run(url: str, options: dict[str, Any], namespace: str, mode: str, rest
     async with aiodlock.connect(url, namespace=namespace, **options) as locks:
         if mode == "hold":
             return await hold(locks, rest[0], float(rest[1]))
+        if mode == "write":
+            return await write(locks, rest[0], float(rest[1]))
         return await count(locks, rest[0], int(rest[1]), rest[2])
 
 
 def main(argv: list[str]) -> int:
     loop, url, options, namespace, mode, *rest = argv
-    if mode not in ("hold", "count"):
+    if mode not in ("hold", "write", "count"):
         raise SystemExit(f"unknown mode {mode!r}")
     coro = run(url, json.loads(options), namespace, mode, rest)
     if loop == "uvloop":

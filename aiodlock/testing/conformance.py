@@ -54,6 +54,7 @@ import os
 import random
 import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ __all__ = [
     "test_names_are_opaque",
     "test_non_reentrant_reentry_is_an_error_not_a_deadlock",
     "test_outside_cancellation_stays_cancelled_and_releases",
+    "test_paused_holder_never_writes_after_its_lock_was_given_away",
     "test_readers_share_writers_exclude",
     "test_reentrant_lock_excludes_other_tasks_of_same_client",
     "test_reentrant_lock_same_task_reenters_without_new_token",
@@ -886,4 +888,33 @@ async def test_sigstopped_holder_is_replaced_and_cancelled_on_resume(
     # ...and its exit did not release *our* lock.
     assert lease.held
     assert await other.lock("paused").try_acquire() is None
+    await lease.release()
+
+
+@_needs_processes
+@pytest.mark.asyncio
+async def test_paused_holder_never_writes_after_its_lock_was_given_away(
+    aiodlock_target: Target, other: aiodlock.LockClient
+) -> None:
+    """A holder stopped (SIGSTOP) until the service gave its lock to another process must not
+    pass ``assert_held()`` when it resumes, whatever ended its lease: the ttl, or — on a session
+    backend whose ttl outlives the session — the session. ``time.monotonic()`` is shared by
+    every process of the machine, so the holder's writes can be put on our timeline."""
+    proc = await _spawn(aiodlock_target, "write", "fragile", "4.0")
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 10)).decode()
+    assert line.startswith("acquired "), line
+    await asyncio.wait_for(proc.stdout.readline(), 10)  # it is writing
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        lease = await other.lock("fragile").acquire(timeout=15)
+        given_away = time.monotonic()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, err = await asyncio.wait_for(proc.communicate(), 15)
+    lines = out.decode().splitlines()
+    late = [w for w in lines if w.startswith("wrote ") and float(w.split()[1]) >= given_away]
+    assert late == [], f"{len(late)} writes after the lock was given away: {lines[-3:]}"
+    assert proc.returncode == 3, (out, err)
+    assert lines[-1].startswith("lost"), lines[-3:]
     await lease.release()

@@ -288,6 +288,10 @@ class RedisBackend:
         """``None``: a Redis lease ends by expiry or deletion, which only ``renew`` can see."""
         return None
 
+    def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
+        """None: a Redis lease is a TTL lease, bounded by its renewals."""
+        return None
+
     def waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter:
         """Arm a wakeup for one waiting acquisition (see :mod:`._pubsub`, :mod:`._blpop`)."""
         _ = self._source.client  # BackendError unless open
