@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 
 from ._exceptions import LockTimeoutError
-from ._local import Turns, is_exclusive
+from ._local import Turns, takes_turns
 from ._supervisor import Supervisor
 from .backends._protocol import Backend, Busy, Grant, LockSpec
 
@@ -90,10 +90,10 @@ async def wait_for_grant(
     """
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    if not is_exclusive(spec) or queues(backend, spec):
+    if not takes_turns(spec) or queues(backend, spec):
         return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
-    # Tasks of one client take turns, in arrival order, to contend at the service for an
-    # exclusive lock (the service already queues fair and ZooKeeper waiters).
+    # Tasks of one client take turns, in arrival order, to contend at the service (which
+    # already queues fair and ZooKeeper waiters itself).
     turn = turns.join(spec)
     try:
         counters.waiting += 1

@@ -11,9 +11,11 @@ for keep-alive, reentrancy and teardown:
 * **Reentrancy.** An exclusive lease belongs to the task that took it. The same task may enter
   it again (a depth count over one lease) if the lock is reentrant; each exit or ``release()``
   undoes one entry, and the last one releases.
-* **Local turns.** Tasks of one client contend at the service for an exclusive lock one at a
-  time, in arrival order (:class:`Turns`): a task that has just released cannot barge in ahead
-  of its local waiters, and N local waiters cost the service one.
+* **Local turns.** Tasks of one client contend at the service for a mutex, a write lock or a
+  semaphore permit one at a time, in arrival order (:class:`Turns`): a task that has just
+  released cannot barge in ahead of its local waiters, and N local waiters cost the service one
+  (one connection, one queue entry) — which also keeps a storm of cancelled local waiters from
+  churning the service's connections and queues.
 
 Nothing here grows with the number of lock names ever used: every entry is removed when its
 last user leaves.
@@ -30,19 +32,25 @@ from ._lease import Lease, LeaseState, LeaseStatus
 from ._supervisor import Supervisor
 from .backends._protocol import Kind, LockSpec
 
-__all__ = ["Holdings", "LiveLease", "Turns", "is_exclusive"]
+__all__ = ["Holdings", "LiveLease", "Turns", "is_exclusive", "takes_turns"]
 
 _Family = tuple[Kind, str]  # one lock of the client's namespace: its kind and name
 _TaskKey = tuple[Kind, str, "asyncio.Task[Any]"]
 
 
 def is_exclusive(spec: LockSpec) -> bool:
-    """Kinds with one holder at a time: the ones that take turns and can be re-entered."""
+    """Kinds with one holder at a time: the ones that can be re-entered."""
     return spec.kind in (Kind.MUTEX, Kind.WRITE)
 
 
+def takes_turns(spec: LockSpec) -> bool:
+    """Kinds whose local waiters contend at the service one at a time: all but readers, who
+    share (when a writer leaves, every waiting reader must go at once)."""
+    return spec.kind is not Kind.READ
+
+
 class Turns:
-    """Per exclusive lock, a FIFO turn among this client's tasks (counted, so it is dropped
+    """Per lock that takes turns, a FIFO turn among this client's tasks (counted, so it is dropped
     when nobody uses it)."""
 
     __slots__ = ("_turns",)
