@@ -55,6 +55,7 @@ class LeaseState:
         "lost",
         "lost_reason",
         "owner",
+        "renewing",
         "spec",
         "status",
     )
@@ -73,6 +74,7 @@ class LeaseState:
         self.fencing_token = fencing_token
         self._ttl_valid_until = valid_until
         self._session_deadline = session_deadline
+        self.renewing = False  # a renewal request is in flight (set by the keep-alive)
         self.status = LeaseStatus.HELD
         self.lost_reason: LockLostError | None = None
         self.lost = asyncio.Event()

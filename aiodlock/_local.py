@@ -182,9 +182,9 @@ class Holdings:
         reason = state.lost_reason
         if not state.end():
             return  # released before: idempotent
-        if live is not None and not live.keeper.done():
-            # A renewal may be in flight on the very connection the release will use (MySQL,
-            # ZooKeeper pin one per lease): let the cancelled keep-alive finish first.
+        if live is not None and state.renewing and not live.keeper.done():
+            # A renewal is in flight, maybe on the very connection the release will use (MySQL
+            # pins one per lease): let the cancelled keep-alive finish first.
             try:
                 await asyncio.wait((live.keeper,))
             except asyncio.CancelledError:

@@ -100,6 +100,7 @@ async def _renew_forever(
         if now < next_renewal:
             continue
         sent = now
+        state.renewing = True
         try:
             async with asyncio.timeout_at(state.valid_until):
                 still_ours = await backend.renew(state.spec, state.owner, ttl)
@@ -108,6 +109,8 @@ async def _renew_forever(
             # check at the top of the loop turns that into a loss).
             next_renewal = min(loop.time() + ttl * RETRY_FRACTION, state.valid_until)
             continue
+        finally:
+            state.renewing = False
         if not still_ours:
             raise LockLostError(f"lock {name!r} is no longer held (renewal refused)")
         state.renewed(sent + ttl - drift(ttl))
