@@ -81,6 +81,7 @@ __all__ = [
     "pytest_plugins",
     "test_acquire_outside_async_with_sets_lost",
     "test_acquired_reentrant_lease_is_reentered_by_async_with",
+    "test_body_exception_in_the_loss_turn_is_not_a_cancellation",
     "test_body_exception_passes_through_unwrapped",
     "test_cancel_at_each_await_point_leaves_nothing",
     "test_cancelled_fair_waiter_does_not_block_the_queue",
@@ -918,3 +919,43 @@ async def test_paused_holder_never_writes_after_its_lock_was_given_away(
     assert proc.returncode == 3, (out, err)
     assert lines[-1].startswith("lost"), lines[-3:]
     await lease.release()
+
+
+# ---------------------------------------------------------------------- faults
+
+
+async def _stall_loop(after: float, seconds: float) -> None:
+    await asyncio.sleep(after)
+    time.sleep(seconds)  # noqa: ASYNC251 - the fault: a loop stalled past the lease
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("ending", ["own-error", "assert-held"])
+@pytest.mark.parametrize("delay", [0.02, 0.2, 0.3])
+async def test_body_exception_in_the_loss_turn_is_not_a_cancellation(
+    locks: aiodlock.LockClient, make: LockKind, ending: str, delay: float
+) -> None:
+    """The loop stalls past the lease (ttl 0.2 s) while the body waits, so the watchdog's
+    deadline and the body's timer fire in one turn. Whatever their order, the caller sees the
+    body's own error or a bare LockLostError — never a CancelledError nobody asked for — and
+    the task's cancel count is back to zero (a stray one would cancel its next await)."""
+    task = asyncio.current_task()
+    assert task is not None
+    outcome: BaseException | None = None
+    async with asyncio.TaskGroup() as group:
+        group.create_task(_stall_loop(0.01, 0.4))
+        try:
+            async with make(locks, "stalled", ttl=0.2) as lease:
+                await asyncio.sleep(delay)
+                if ending == "assert-held":
+                    lease.assert_held()
+                raise ValueError("the body's own error")
+        except (ValueError, aiodlock.LockLostError) as exc:
+            outcome = exc
+        assert task.cancelling() == 0
+    await asyncio.sleep(0)  # a stray cancellation would land here
+    if ending == "assert-held" and delay > 0.02:
+        assert isinstance(outcome, aiodlock.LockLostError)
+    else:
+        assert isinstance(outcome, ValueError | aiodlock.LockLostError)
+    assert locks.statistics().leases == 0
