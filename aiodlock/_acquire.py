@@ -93,7 +93,7 @@ async def wait_for_grant(
     if not takes_turns(spec) or queues(backend, spec):
         return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
     # Tasks of one client take turns, in arrival order, to contend at the service (which
-    # already queues fair and ZooKeeper waiters itself).
+    # already queues fair waiters itself).
     turn = turns.join(spec)
     try:
         counters.waiting += 1

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -25,6 +25,7 @@ import pytest
 import aiodlock
 from aiodlock.backends import Busy, Kind, LockSpec
 from aiodlock.testing import History
+from tests.helpers import eventually
 from tests.servers import free_port
 from tests.support_mysql import MAX_LOCK_NAME, MariaDBServer, MySQLProbe, lock_name
 
@@ -60,16 +61,6 @@ def backend_of(client: aiodlock.LockClient) -> MySQLBackend:
     backend = client.backend
     assert isinstance(backend, MySQLBackend)
     return backend
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> float:
-    """Poll ``check`` (a server-side condition nothing notifies us of); seconds it took."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    async with asyncio.timeout(timeout):
-        while not await check():  # noqa: ASYNC110 - the server notifies nobody of these
-            await asyncio.sleep(0.005)
-    return loop.time() - started
 
 
 # ---------------------------------------------------------------------- KILL CONNECTION

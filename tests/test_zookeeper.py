@@ -19,7 +19,7 @@ import random
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ import pytest
 import aiodlock
 from aiodlock.backends import Kind, LockSpec
 from aiodlock.testing import History
-from tests.helpers import wait_until
+from tests.helpers import eventually, wait_until
 from tests.servers import LOOPBACK
 from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperProbe, ZooKeeperServer
 
@@ -116,13 +116,6 @@ class FaultyProxy:
         for client, upstream in list(self._links):
             client.transport.abort()
             upstream.transport.abort()
-
-
-async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Wait for a condition that only a poll of the server can tell (a probe's view)."""
-    async with asyncio.timeout(timeout):
-        while not await predicate():  # noqa: ASYNC110 - the server's state, polled
-            await asyncio.sleep(0.01)
 
 
 def backend_of(client: aiodlock.LockClient) -> ZooKeeperBackend:
@@ -324,18 +317,20 @@ async def test_semaphore_hands_each_freed_permit_to_the_next_waiter(
     zookeeper_server: ZooKeeperServer,
 ) -> None:
     """Waiters watch their predecessor, the first waiter the directory; a waiter that moves
-    up is told by its predecessor's touch: every freed permit is taken at once, in order."""
+    up is told by its predecessor's touch: every freed permit is taken at once, in order.
+    (One client per waiter: the waiting tasks of one client take turns for one node.)"""
     ns = f"z{os.urandom(6).hex()}"
-    async with (
-        aiodlock.connect(zookeeper_server.url, namespace=ns) as a,
-        aiodlock.connect(zookeeper_server.url, namespace=ns) as b,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        a, *others = [
+            await stack.enter_async_context(aiodlock.connect(zookeeper_server.url, namespace=ns))
+            for _ in range(5)
+        ]
         holders = [await a.semaphore("pool", limit=2).acquire() for _ in range(2)]
         order: list[int] = []
         waiting: list[asyncio.Task[aiodlock.Lease]] = []
-        for i in range(4):
+        for i, b in enumerate(others):
             waiting.append(asyncio.create_task(_take(b, order, i)))
-            await _until_waiting(b, i + 1)
+            await _until_waiting(b, 1)
         await holders[1].release()  # the first waiter (index 2) moves in
         second = await asyncio.wait_for(waiting[0], 2)
         await holders[0].release()  # the next one was watching waiter 0: it was touched
@@ -358,15 +353,47 @@ async def _take(client: aiodlock.LockClient, order: list[int], i: int) -> aiodlo
 # ---------------------------------------------------------------------- cancellation
 
 
+async def test_waiting_tasks_of_one_client_take_turns_for_one_node(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """A lock that is not fair: 50 waiting tasks of one client cost one node (the core's
+    local turns); the next task queues the moment the first is granted. ``fair=True``: a
+    node per task, granted in arrival order."""
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as holder_client,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as crowd,
+    ):
+        for fair, nodes in ((False, 2), (True, 51)):
+            name = f"turns-{fair}"
+            holder = await holder_client.lock(name).acquire()
+            lock = crowd.lock(name, fair=fair, timeout=20)
+            order: list[int] = []
+            tasks = [asyncio.create_task(_enter(lock, order, i)) for i in range(50)]
+            await wait_until(lambda: lock.statistics().waiting == 50)  # noqa: B023
+            assert len(await probe.lock_nodes(namespace, name)) == nodes
+            await holder.release()
+            await asyncio.gather(*tasks)
+            assert order == list(range(50))
+            assert await probe.lock_nodes(namespace, name) == []
+
+
+async def _enter(lock: aiodlock.Lock, order: list[int], i: int) -> None:
+    async with lock:
+        order.append(i)
+
+
 async def test_cancelling_100_waiters_leaves_no_znode(
     zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
 ) -> None:
+    """Fair, so that every waiter has a node of its own."""
     async with (
         aiodlock.connect(zookeeper_server.url, namespace=namespace) as holder_client,
         aiodlock.connect(zookeeper_server.url, namespace=namespace) as crowd,
     ):
         holder = await holder_client.lock("crowded").acquire()
-        tasks = [asyncio.create_task(crowd.lock("crowded").acquire()) for _ in range(100)]
+        tasks = [
+            asyncio.create_task(crowd.lock("crowded", fair=True).acquire()) for _ in range(100)
+        ]
         await _until_waiting(crowd, 100)
         assert len(await probe.lock_nodes(namespace, "crowded")) == 101
         for task in tasks:
@@ -406,6 +433,67 @@ async def test_cancelling_acquisitions_at_random_moments_leaves_no_znode(
 
 async def _no_nodes(probe: ZooKeeperProbe, namespace: str, name: str) -> bool:
     return not await probe.lock_nodes(namespace, name)
+
+
+STORM_SECONDS = 5.0
+STORM_TASKS = 50  # per client
+STORM_TTL = 5.0
+STORM_MIN_GRANTS = 50  # in STORM_SECONDS; 0-7 in 15 s before the fix, hundreds after
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["turns", "fair"])
+async def test_cancellation_storm_keeps_granting_and_leaves_nothing(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str, fair: bool
+) -> None:
+    """Issue 16.3. The tasks of two clients loop on one lock, each attempt cancelled by a
+    timeout of 0-50 ms at whatever await point it reached (creating, listing, watching,
+    waiting, holding, releasing). Before the fix the clients dropped their own healthy
+    connections (a ping late by a sixth of the session timeout under load), every in-flight
+    create became "uncertain" and was cleaned up by a listing of its own, and every attempt
+    waited for all pending deletions: 0-7 grants in 15 s (and, as reported, thousands of
+    nodes left and the lock blocked past its ttl). Now: no reconnection, grants all along
+    (the tasks of one client take turns for one node; ``fair=True`` keeps a node per task,
+    whose strict FIFO order under such a storm grants little, so only the clean-up is
+    checked there), exclusion holds, nothing is left, and the lock is free again within
+    its ttl."""
+    loop = asyncio.get_running_loop()
+    history = History()
+    grants = 0
+    stop_at = loop.time() + STORM_SECONDS
+
+    async def contender(client: aiodlock.LockClient, who: str) -> None:
+        nonlocal grants
+        while loop.time() < stop_at:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(random.uniform(0, 0.05)):
+                    async with client.lock("storm", ttl=STORM_TTL, fair=fair) as lease:
+                        with history.hold(who, lease.fencing_token):
+                            grants += 1
+                            await asyncio.sleep(random.uniform(0, 0.002))
+
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as a,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as b,
+    ):
+        async with asyncio.TaskGroup() as group:
+            for i in range(STORM_TASKS):
+                group.create_task(contender(a, f"a{i}"))
+                group.create_task(contender(b, f"b{i}"))
+        ended = loop.time()
+        print(f"storm ({'fair' if fair else 'turns'}): {grants} grants in {STORM_SECONDS:g} s")
+        history.check(max_holders=1)
+        await a.settle()
+        await b.settle()
+        await eventually(lambda: _no_nodes(probe, namespace, "storm"), timeout=1.0)
+        for client in (a, b):
+            stats = backend_of(client).statistics()
+            assert (stats["reconnects"], stats["sessions"]) == (0, 1)
+            assert (stats["entries"], stats["waiters"], stats["doomed"]) == (0, 0, 0)
+        lease = await a.lock("storm").acquire(timeout=STORM_TTL)
+        assert loop.time() - ended < STORM_TTL
+        await lease.release()
+    if not fair:
+        assert grants >= STORM_MIN_GRANTS, f"{grants} grants in {STORM_SECONDS:g} s"
 
 
 # ---------------------------------------------------------------------- lost create replies

@@ -235,9 +235,12 @@ class Backend(Protocol):
     capabilities: ClassVar[frozenset[Capability]]
     options: ClassVar[Mapping[str, type]]
     queues_on_busy: ClassVar[bool]
-    """True if every ``Busy`` answer leaves ``owner`` queued (ZooKeeper nodes), so a caller
-    that will not wait must ``release`` to leave the queue. Fair locks (``spec.fair``) are
-    always treated as queueing; declare False if only they queue."""
+    """True if every ``Busy`` answer leaves ``owner`` queued, so a caller that will not wait
+    must ``release`` to leave the queue; each waiting task then keeps its own place at the
+    service. False: the core lets the waiting tasks of one client take turns, and only the
+    task whose turn it is asks the service. Fair locks (``spec.fair``) are always treated as
+    queueing. A backend that queues on ``Busy`` but removes an entry that no ``waiter()``
+    claims in the same loop step itself (ZooKeeper) may declare False."""
 
     async def open(self) -> None:
         """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable."""

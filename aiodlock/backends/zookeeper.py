@@ -28,7 +28,11 @@ protected mode (see *Creating*). The three families of one name are independent 
   a successor waits touches its own node (``setData``) so that successor moves up to become
   the first waiter. A release therefore wakes exactly the waiters it can unblock: no herd.
 
-The queue is FIFO by construction, so FAIR is declared and ``fair=True`` changes nothing.
+The queue of nodes is FIFO by construction, so FAIR is declared. As on every backend, the
+waiting tasks of one client take turns for a mutex, a write lock or a semaphore, and only the
+one whose turn it is has a node (see ``queues_on_busy``); ``fair=True`` gives every task its
+own node, hence strict arrival order across all clients' tasks. A new attempt never waits for
+our own pending deletions: a node being deleted merely queues ahead of it until it is gone.
 Watches use ``getData`` (no watch is left behind when the node is already gone, unlike
 ``exists``); a watch that finds its node gone wakes the waiter at once. Wakeups are banked
 (level-triggered), and every waiter is woken to re-check after each reconnect and session
@@ -41,11 +45,14 @@ earlier grant of that family; a shared grant's token (read lock, semaphore permi
 than every earlier exclusive grant's, but permits that became grantable together may be
 taken in either order.
 
-**Creating** a contender is never resent behind our back. If the reply is lost (connection
-dropped, timeout, cancellation), the node may or may not exist: the next step lists the
-directory, finds nodes carrying our uuid, keeps the one whose ``ephemeralOwner`` is our
-session and deletes any other (a duplicate, or a leftover of an older session); ``release``
-does the same sweep. So no acquisition ever leaves an orphan that would block the queue.
+**Creating** a contender is never resent behind our back. The create runs in a task of ours,
+so a caller cancelled meanwhile does not lose its reply: giving up waits for it and deletes
+the node by name. If the reply is lost with its connection (or times out), the node may or
+may not exist: the next step lists the directory, finds nodes carrying our uuid, keeps the
+one whose ``ephemeralOwner`` is our session and deletes any other (a duplicate, or a leftover
+of an older session); ``release`` does the same sweep, in rounds of one listing per directory
+for every entry that needs one. So no acquisition ever leaves an orphan that would block the
+queue.
 
 **Lease and session.** A grant lives as long as the session *and* the lease's renewals:
 
@@ -54,11 +61,14 @@ does the same sweep. So no acquisition ever leaves an orphan that would block th
   live process) deletes the node, as a TTL backend would expire the key.
 * The session supervisor tracks the send time of the newest answered request
   (``contact``; the backend pings every ``grace / 3``). The server cannot expire the session
-  before ``contact + session timeout``. When ``contact + suspended_grace`` passes without an
-  answer — connection suspended, server paused, network cut — every held lease is declared
-  lost, *before* the server can expire the session and hand the lock to someone else. A
-  server "session expired" answer (LOST) loses them at once. Declared-lost nodes are deleted
-  when the connection comes back in the same session.
+  before ``contact + session timeout``. A late ping proves nothing (under load it queues
+  behind every request before it): the connection is dropped and reopened only after it has
+  heard nothing at all for the session timeout. When ``contact + suspended_grace`` passes
+  without an answer — connection suspended, server paused, network cut — every held lease is
+  declared lost, *before* the server can expire the session and hand the lock to someone
+  else. A server "session expired" answer (LOST) loses them at once. Declared-lost nodes are deleted
+  in the background (the janitor, once the connection is back in the same session); their
+  ``release`` does not wait for it.
 * The loss is pushed: :meth:`ZooKeeperBackend.loss_signal` is an :class:`asyncio.Event` per
   lease, set at that moment (also when a watch reports our node deleted), which the watchdog
   waits on, so the guarded body is cancelled with :class:`~aiodlock.LockLostError` at once,
@@ -93,7 +103,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Set
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -125,7 +135,7 @@ _DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 _DEFAULT_REQUEST_TIMEOUT: Final = 10.0
 _GRACE_FRACTION: Final = 0.5
 _MAX_GRACE_FRACTION: Final = 0.9
-_MIN_PING_TIMEOUT: Final = 0.05
+_MIN_PING_TIMEOUT: Final = 0.05  # the shortest heartbeat
 _ENQUEUE_ATTEMPTS: Final = 6
 _MIN_SERVER_VERSION: Final = (3, 5, 3)
 
@@ -139,6 +149,7 @@ _TAG: Final = {Kind.MUTEX: "lock", Kind.READ: "read", Kind.WRITE: "writ", Kind.S
 _CONTENDER: Final = re.compile(r"^_c_[0-9a-f]{32}-(lock|read|writ|sema)-(\d{10})$")
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _ANY_SESSION: Final = -1  # a create was sent while the session was changing: sweep any
+_PROTECT_LENGTH: Final = len("_c_") + 32 + len("-")  # "_c_<uuid hex>-"
 
 
 # ---------------------------------------------------------------------- layout
@@ -199,6 +210,8 @@ class _Entry:
 
     __slots__ = (
         "abandoning",
+        "create_error",
+        "creating",
         "czxid",
         "directory",
         "gone",
@@ -232,6 +245,8 @@ class _Entry:
         self.czxid = 0
         self.session_id: int | None = None  # the session that owns our node
         self.uncertain = False  # a create's outcome is unknown: adopt, do not create again
+        self.creating: asyncio.Task[None] | None = None  # our create, until someone saw it end
+        self.create_error: BaseException | None = None  # how it failed, for its caller
         self.stray_session: int | None = None  # session a node of ours may linger in
         self.held = False
         self.lost: str | None = None
@@ -254,6 +269,18 @@ class _Entry:
         return f"{self.directory}/{self.name}"
 
 
+class _Sweep:
+    """One listing of a directory that deletes the stray nodes of every entry that joined
+    it (nodes with their uuid whose names are unknown: a create whose reply was lost)."""
+
+    __slots__ = ("done", "prefixes", "wait")
+
+    def __init__(self) -> None:
+        self.prefixes: set[str] = set()
+        self.wait = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
 @dataclass(frozen=True, slots=True)
 class _Verdict:
     granted: bool
@@ -262,10 +289,18 @@ class _Verdict:
     successor: bool = False  # some contender queues right behind us
 
 
-def _evaluate(entry: _Entry, names: list[str]) -> _Verdict:
-    """Is ``entry`` granted given the directory's children, and if not, what to watch."""
+def _evaluate(entry: _Entry, names: list[str], leaving: Set[str] = frozenset()) -> _Verdict:
+    """Is ``entry`` granted given the directory's children, and if not, what to watch.
+
+    ``leaving``: nodes of ours whose acquisitions gave up and are being deleted. They will
+    never hold the lock, so our other entries queue as if they were gone already, instead of
+    waiting a deletion, its watch event and a listing for each (a storm of cancellations
+    makes long chains of them).
+    """
     contenders = sorted(
-        ((int(m.group(2)), m.group(1), name) for name in names if (m := _CONTENDER.match(name))),
+        (int(m.group(2)), m.group(1), name)
+        for name in names
+        if (m := _CONTENDER.match(name)) and name not in leaving
     )
     index = next(i for i, (_, _, name) in enumerate(contenders) if name == entry.name)
     successor = index + 1 < len(contenders)
@@ -306,7 +341,14 @@ class ZooKeeperBackend:
                 ...
     """
 
-    queues_on_busy: ClassVar[bool] = True  # every waiter is a node in the queue
+    # A refusal leaves a node in the queue, but this backend removes it itself whenever no
+    # waiter claims it in the same step or the waiter is left by an error (see try_acquire
+    # and waiter). So the core treats ZooKeeper as it does Redis: the tasks of one client
+    # take turns for an exclusive lock, and only the one whose turn it is has a node — N
+    # local waiters cost one node, and a storm of cancelled acquisitions stays in the process
+    # (one node per task made 0-7 grants in 15 s under it). ``fair=True`` (``spec.fair``)
+    # gives every task its own node: strict arrival order across every client's tasks.
+    queues_on_busy: ClassVar[bool] = False
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.EXCLUSIVE,
@@ -352,6 +394,7 @@ class ZooKeeperBackend:
         self._state = "new"
         self._transport: ZKTransport | None = None
         self._group: asyncio.TaskGroup | None = None
+        self._leaving: dict[str, set[str]] = {}  # per directory: our nodes being deleted (unheld)
         self._tasks: set[asyncio.Task[None]] = set()  # ours (supervisor, cleanups)
         self._io_tasks: set[asyncio.Task[None]] = set()  # the transport's (repair, read loops)
         self._session_id: int | None = None
@@ -359,7 +402,8 @@ class ZooKeeperBackend:
         self._waiters: dict[tuple[str, str], _ZKWaiter] = {}
         self._watches: dict[str, set[_ZKWaiter | _Entry]] = {}
         self._doomed: dict[tuple[str, str], _Entry] = {}
-        self._cleanups: dict[str, set[asyncio.Task[None]]] = {}
+        self._sweeps: dict[str, _Sweep] = {}  # per directory: the round still taking entries
+        self._sweepers: set[str] = set()  # directories whose sweeper task is running
         self._janitor: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self._waiting = 0
@@ -519,12 +563,11 @@ class ZooKeeperBackend:
                 if entry.lost is None:
                     return Grant(entry.czxid)
                 return Busy(None)
-            await self._settle_cleanups(directory)
             names = await self._enqueue(entry, transport)
             while entry.session_id != transport.session_id:
                 # The session changed while the listing was on its way: queue again.
                 names = await self._enqueue(entry, transport)
-            verdict = _evaluate(entry, names)
+            verdict = _evaluate(entry, names, self._leaving.get(directory, set()))
             if verdict.granted:
                 entry.held = True
                 entry.target = None
@@ -551,14 +594,26 @@ class ZooKeeperBackend:
         entry = self._entries.get(key) or self._doomed.get(key)
         if entry is None:
             return False
+        if entry.lost is not None:
+            # Lost: nobody waits for us to confirm, and the connection that lost it may be
+            # silent. The janitor deletes the node (or the session ends with it).
+            if not entry.gone:
+                self._retire(entry)
+                self._doomed[key] = entry
+                self._kick_janitor()
+            return False
+        if entry.gone and self._doomed.get(key) is not entry:
+            return False  # released already, or its node is being deleted
+        # Held, queued, or left with its node still to delete (a release cancelled midway:
+        # this is the compensating one, which finishes the job).
         async with entry.lock:
             held = entry.held and entry.lost is None and not entry.gone
             self._retire(entry)
             if held:
                 await self._remove_nodes(entry, self._transport)
                 return True
-            # Lost, or only queued: nobody waits for us to confirm. If the connection is down
-            # the janitor deletes the node when it is back (or the session ends with it).
+            # Only queued: nobody waits for us to confirm. If the connection is down the
+            # janitor deletes the node when it is back (or the session ends with it).
             with contextlib.suppress(NotConnected):
                 await self._remove_nodes(entry, self._transport, wait=False)
             return False
@@ -578,7 +633,7 @@ class ZooKeeperBackend:
             entry.watching = True
         try:
             _, stat = await transport.get(
-                path, watch=True, wait=False, timeout=self._ping_timeout
+                path, watch=True, wait=False, timeout=self._heartbeat
             )
         except NoNodeError:
             self._mark_lost(entry, "its lock node was deleted", doom=False)
@@ -606,11 +661,13 @@ class ZooKeeperBackend:
             yield waiter
         except BaseException:
             # Timed out, cancelled or failed while queued: our node must not stay behind.
+            # Its deletion takes a round trip; on a connection gone silent it is left to the
+            # background (and the janitor) after a heartbeat rather than holding the caller.
             entry = self._entries.get(key)
             if entry is not None:
                 task = self._abandon(entry)
                 if task is not None:
-                    await asyncio.shield(task)
+                    await asyncio.wait((task,), timeout=self._heartbeat)
             raise
         finally:
             self._disarm(waiter)
@@ -644,14 +701,9 @@ class ZooKeeperBackend:
     # ------------------------------------------------------------------ queueing
 
     @property
-    def _ping_timeout(self) -> float:
+    def _heartbeat(self) -> float:
+        """How often the session is pinged; also how long a renewal may take."""
         return max(self._grace / 3, _MIN_PING_TIMEOUT)
-
-    async def _settle_cleanups(self, directory: str) -> None:
-        """Let our own pending deletions in ``directory`` finish: they change our place."""
-        pending = self._cleanups.get(directory)
-        if pending:
-            await asyncio.wait(set(pending))
 
     async def _children(
         self, transport: ZKTransport, directory: str, *, wait: bool = True
@@ -664,17 +716,17 @@ class ZooKeeperBackend:
     async def _enqueue(self, entry: _Entry, transport: ZKTransport) -> list[str]:
         """Make sure our node exists in the current session; return the directory listing."""
         for _ in range(_ENQUEUE_ATTEMPTS):
-            if entry.name is not None:
+            if entry.name is not None and entry.creating is None:
                 names = await self._children(transport, entry.directory)
                 if entry.name in names and entry.session_id == transport.session_id:
                     await self._drop_strays(entry, transport, names)
                     return names
                 entry.name = None  # deleted under us, or gone with an ended session
-            if entry.uncertain:
+            if entry.uncertain and entry.creating is None:
                 names = await self._children(transport, entry.directory)
                 if await self._adopt(entry, transport, names):
                     return [n for n in names if n == entry.name or not n.startswith(entry.protect)]
-            try:
+            try:  # (a create still on its way, from a cancelled call, is waited for instead)
                 await self._create(entry, transport)
             except ConnectionLoss:
                 # The create may have happened: find it by our uuid once we are back,
@@ -688,35 +740,63 @@ class ZooKeeperBackend:
         )
 
     async def _create(self, entry: _Entry, transport: ZKTransport) -> None:
-        base = f"{entry.directory}/{entry.prefix}"
-        for _ in range(_ENQUEUE_ATTEMPTS):
-            was_uncertain, stray = entry.uncertain, entry.stray_session
-            # From here until the reply, a node of ours may exist that we cannot name.
-            entry.uncertain = True
-            sid = transport.session_id
-            entry.stray_session = sid if transport.connected and sid is not None else _ANY_SESSION
-            try:
-                created, stat = await transport.create(
-                    base,
-                    self._node_data,
-                    ephemeral=True,
-                    sequential=True,
-                    timeout=self._request_timeout,
-                )
-            except NotConnected:
-                entry.uncertain, entry.stray_session = was_uncertain, stray  # never sent
-                raise
-            except NoNodeError:
-                entry.uncertain, entry.stray_session = was_uncertain, stray
-                await self._make_parents(entry.directory, transport)
-                continue
-            entry.uncertain = False
-            entry.stray_session = stray  # a clean create leaves no stray (earlier ones might)
-            entry.name = created.rsplit("/", 1)[1]
-            entry.czxid = stat.czxid
-            entry.session_id = stat.ephemeral_owner
+        """Create our node (never resent), in a task of ours: a caller cancelled while the
+        request is on its way does not lose the reply, so whoever removes the entry waits
+        for it and deletes the node by name — no listing of the directory. Only a reply lost
+        with its connection leaves the node unknown (``uncertain``: found by uuid later)."""
+        task = entry.creating
+        if task is None:
+            task = self._spawn(self._create_node(entry, transport), "aiodlock-zk-create")
+            entry.creating = task
+        await self._created(entry)
+
+    async def _created(self, entry: _Entry) -> None:
+        """Wait for the entry's create to end (not cancelling it) and take its outcome."""
+        task = entry.creating
+        if task is None:
             return
-        raise BackendError(f"could not create a node in {entry.directory!r}")
+        await asyncio.wait((task,))  # a cancelled caller leaves the create running
+        entry.creating = None
+        error, entry.create_error = entry.create_error, None
+        if task.cancelled():  # the backend is closing
+            raise BackendError(f"{self.describe()} backend was closed")
+        if error is not None:
+            raise error
+
+    async def _create_node(self, entry: _Entry, transport: ZKTransport) -> None:
+        base = f"{entry.directory}/{entry.prefix}"
+        try:
+            for _ in range(_ENQUEUE_ATTEMPTS):
+                was_uncertain, stray = entry.uncertain, entry.stray_session
+                # From here until the reply, a node of ours may exist that we cannot name.
+                entry.uncertain = True
+                sid = transport.session_id
+                connected = transport.connected and sid is not None
+                entry.stray_session = sid if connected else _ANY_SESSION
+                try:
+                    created, stat = await transport.create(
+                        base,
+                        self._node_data,
+                        ephemeral=True,
+                        sequential=True,
+                        timeout=self._request_timeout,
+                    )
+                except NotConnected:
+                    entry.uncertain, entry.stray_session = was_uncertain, stray  # never sent
+                    raise
+                except NoNodeError:
+                    entry.uncertain, entry.stray_session = was_uncertain, stray
+                    await self._make_parents(entry.directory, transport)
+                    continue
+                entry.uncertain = False
+                entry.stray_session = stray  # a clean create leaves no stray (earlier ones might)
+                entry.name = created.rsplit("/", 1)[1]
+                entry.czxid = stat.czxid
+                entry.session_id = stat.ephemeral_owner
+                return
+            raise BackendError(f"could not create a node in {entry.directory!r}")
+        except BackendError as exc:
+            entry.create_error = exc
 
     async def _make_parents(self, directory: str, transport: ZKTransport) -> None:
         path = ""
@@ -783,7 +863,7 @@ class ZooKeeperBackend:
                 if entry.name not in names:
                     waiter.wake()
                 else:
-                    verdict = _evaluate(entry, names)
+                    verdict = _evaluate(entry, names, self._leaving.get(entry.directory, set()))
                     if verdict.granted or verdict.target != target:
                         waiter.wake()  # changed since the check: check again at once
             else:
@@ -868,25 +948,74 @@ class ZooKeeperBackend:
         ``wait=False``: do not wait for a suspended connection to come back (NotConnected).
         """
         try:
+            creating = entry.creating
+            if creating is not None:
+                if not wait and not creating.done() and not transport.connected:
+                    raise NotConnected("not connected to zookeeper (connection suspended)")
+                # Its reply names our node. A create that failed left the entry uncertain
+                # (or, never sent, with nothing to delete).
+                with contextlib.suppress(BackendError):
+                    await self._created(entry)
             sid = transport.session_id
-            timeout = self._request_timeout
             if entry.name is not None and entry.session_id == sid:
                 with contextlib.suppress(NoNodeError):
-                    await transport.delete(entry.path, wait=wait, timeout=timeout)
+                    await transport.delete(entry.path, wait=wait, timeout=self._request_timeout)
             entry.name = None
             if entry.stray_session in (sid, _ANY_SESSION):
-                for name in await self._children(transport, entry.directory, wait=wait):
-                    if name.startswith(entry.protect):
-                        with contextlib.suppress(NoNodeError):
-                            await transport.delete(
-                                f"{entry.directory}/{name}", wait=wait, timeout=timeout
-                            )
+                await self._sweep(entry, transport, wait=wait)
             entry.uncertain = False
             entry.stray_session = None  # a stray of an ended session ended with it
         except BaseException:
             if self._state == "open":
                 self._doomed[entry.key] = entry
             raise
+
+    async def _sweep(self, entry: _Entry, transport: ZKTransport, *, wait: bool) -> None:
+        """Delete every node carrying ``entry``'s uuid, found by listing its directory.
+
+        Entries join the directory's next round: one listing serves all that joined before
+        it started (a storm of cancelled creates would otherwise list the directory once per
+        entry: entries times directory size). Raises if the round failed.
+        """
+        directory = entry.directory
+        sweep = self._sweeps.get(directory)
+        if sweep is None:
+            sweep = self._sweeps[directory] = _Sweep()
+            if directory not in self._sweepers:
+                self._sweepers.add(directory)
+                self._spawn(self._sweeper(directory, transport), "aiodlock-zk-sweeper")
+        sweep.prefixes.add(entry.protect)
+        sweep.wait = sweep.wait or wait
+        await asyncio.shield(sweep.done)
+
+    async def _sweeper(self, directory: str, transport: ZKTransport) -> None:
+        """Run the rounds of one directory, one at a time, until no entry waits for one."""
+        try:
+            while (sweep := self._sweeps.pop(directory, None)) is not None:
+                try:
+                    names = await self._children(transport, directory, wait=sweep.wait)
+                    strays = [n for n in names if n[:_PROTECT_LENGTH] in sweep.prefixes]
+                    if strays:
+                        paths = [f"{directory}/{name}" for name in strays]
+                        await asyncio.gather(
+                            *(self._delete(path, transport, wait=sweep.wait) for path in paths)
+                        )
+                except asyncio.CancelledError:
+                    sweep.done.cancel()
+                    raise
+                except BaseException as exc:
+                    sweep.done.set_exception(exc)
+                else:
+                    sweep.done.set_result(None)
+        finally:
+            self._sweepers.discard(directory)
+            sweep = self._sweeps.pop(directory, None)
+            if sweep is not None:  # closing: nobody will run it
+                sweep.done.cancel()
+
+    async def _delete(self, path: str, transport: ZKTransport, *, wait: bool) -> None:
+        with contextlib.suppress(NoNodeError):
+            await transport.delete(path, wait=wait, timeout=self._request_timeout)
 
     def _abandon(self, entry: _Entry) -> asyncio.Task[None] | None:
         """Leave the queue in the background (shielded from the caller's cancellation)."""
@@ -896,18 +1025,31 @@ class ZooKeeperBackend:
             return entry.abandoning
         if self._state != "open":
             return None
+        if not self._at_server(entry) and not entry.lock.locked():
+            self._retire(entry)  # it only waited for its local turn: nothing to delete
+            return None
         task = self._spawn(self._leave(entry), "aiodlock-zk-leave")
         entry.abandoning = task
-        pending = self._cleanups.setdefault(entry.directory, set())
-        pending.add(task)
+        if entry.name is not None and not entry.held:
+            self._note_leaving(entry.directory, entry.name, task)
+        return task
+
+    def _note_leaving(self, directory: str, name: str, task: asyncio.Task[None]) -> None:
+        """Our node ``name`` is being deleted by ``task`` and will never hold the lock: our
+        waiters that watch it move on now (see :func:`_evaluate`)."""
+        leaving = self._leaving.setdefault(directory, set())
+        leaving.add(name)
 
         def done(_: asyncio.Task[None]) -> None:
-            pending.discard(task)
-            if not pending and self._cleanups.get(entry.directory) is pending:
-                del self._cleanups[entry.directory]
+            leaving.discard(name)
+            if not leaving and self._leaving.get(directory) is leaving:
+                del self._leaving[directory]
 
         task.add_done_callback(done)
-        return task
+        for item in list(self._watches.get(f"{directory}/{name}", ())):
+            if isinstance(item, _ZKWaiter):
+                self._disarm(item)
+                item.wake()
 
     async def _leave(self, entry: _Entry) -> None:
         transport = self._require_open()
@@ -917,6 +1059,16 @@ class ZooKeeperBackend:
             self._retire(entry)
             with contextlib.suppress(BackendError):  # kept for the janitor
                 await self._remove_nodes(entry, transport, wait=False)
+
+    @staticmethod
+    def _at_server(entry: _Entry) -> bool:
+        """Whether ``entry`` may have a node: created, being created, or lost in a reply."""
+        return (
+            entry.name is not None
+            or entry.creating is not None
+            or entry.uncertain
+            or entry.stray_session is not None
+        )
 
     def _drop_if_unwaited(self, entry: _Entry) -> None:
         if not entry.gone and not entry.held and entry.key not in self._waiters:
@@ -960,14 +1112,26 @@ class ZooKeeperBackend:
             self._janitor = self._spawn(self._clean_doomed(transport), "aiodlock-zk-janitor")
 
     async def _clean_doomed(self, transport: ZKTransport) -> None:
+        """Remove the nodes of every doomed entry, all at once: known nodes are deleted by
+        name, and the unknown ones (lost create replies) by one listing per directory."""
+        sid = transport.session_id
+        work = []
         for key, entry in list(self._doomed.items()):
-            async with entry.lock:
-                if self._doomed.get(key) is not entry:
-                    continue
-                try:
-                    await self._remove_nodes(entry, transport)
-                except BackendError:
-                    return  # still unreachable: the next reconnect or ping retries
+            if (
+                entry.creating is None
+                and (entry.name is None or entry.session_id != sid)
+                and entry.stray_session not in (sid, _ANY_SESSION)
+            ):
+                self._doomed.pop(key, None)  # nothing of it is left in this session
+            else:
+                work.append(self._clean_one(key, entry, transport))
+        # Still unreachable: the next reconnect or ping retries what is left.
+        await asyncio.gather(*work, return_exceptions=True)
+
+    async def _clean_one(self, key: tuple[str, str], entry: _Entry, transport: ZKTransport) -> None:
+        async with entry.lock:
+            if self._doomed.get(key) is entry:
+                await self._remove_nodes(entry, transport)
                 self._doomed.pop(key, None)
 
     # ------------------------------------------------------------------ session supervisor
@@ -1010,20 +1174,38 @@ class ZooKeeperBackend:
         self._doomed.clear()
 
     async def _pinger(self) -> None:
-        """Keep the session alive and ``contact`` fresh; give up a silent connection."""
+        """Keep the session alive and ``contact`` fresh; give up a connection gone silent.
+
+        A ping goes out every ``suspended_grace / 3`` (and at once after a reconnection). Its
+        reply may come late without anything being wrong: it queues behind every request
+        sent before it, and under load (a cancellation storm) that took more than a second.
+        So lateness proves nothing, and the connection is given up only when it has heard
+        nothing at all — no reply to any request, no event — for the negotiated session
+        timeout, the time after which the server gives up on a silent session too. (Held
+        leases do not wait for that: the grace watch declares them lost after
+        ``suspended_grace``.)
+        """
         transport = self._require_open()
+        loop = asyncio.get_running_loop()
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._ping_timeout):
+                async with asyncio.timeout(self._heartbeat):
                     await self._kick.wait()
             self._kick.clear()
             if not transport.connected:
                 continue
+            limit = transport.negotiated_timeout
+            sent = loop.time()
             try:
-                await transport.ping(timeout=self._ping_timeout)
+                await transport.ping(timeout=limit)
             except ConnectionLoss:
-                logger.info("no zookeeper ping reply in %.3g s: reconnecting", self._ping_timeout)
-                transport.drop_connection()
+                if transport.connected and transport.silence() >= loop.time() - sent:
+                    logger.info(
+                        "nothing heard from zookeeper in %.3g s (the session timeout): "
+                        "reconnecting",
+                        limit,
+                    )
+                    transport.drop_connection()
             except BackendError:
                 pass
             self._kick_janitor()
