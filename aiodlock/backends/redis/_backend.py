@@ -22,6 +22,17 @@ misses its deadline. A waiter that stops trying (crashed, partitioned) is purged
 deadline passes, so a dead process can stall the queue for one lease at most. A release wakes
 only the new head (its owner id is the pub/sub payload): no thundering herd.
 
+A live process must not stall it at all, so a waiter that gives up (cancelled, timed out)
+leaves at once: its waiter sends the leaving release in the same loop step, ahead of every
+queued attempt (:class:`_Attempts`, ``call_first``), and the new head is woken by it. Under a
+storm of cancellations most attempts never leave the process (their callers give up while
+queued for a connection, or for their turn to enter the queue: :class:`_Entries`); their
+compensating releases are answered here, without a round trip, instead of crowding out the
+ones that matter. A fair attempt always runs in a task of the source, so a cancelled caller
+never drops the connection under it, and the release that follows waits for its reply
+rather than overtaking it. A fair waiter's re-check after arming its wakeup is answered from
+the refusal when the pub/sub channel stayed live meanwhile (:class:`_Rechecks`).
+
 **Failures.** Every redis-py exception is translated to :class:`~aiodlock.BackendError` with
 the driver's exception chained (:mod:`._errors`). redis-py's own retries are off: retrying a
 non-idempotent acquire whose reply was lost would make us our own blocker; instead the core
@@ -34,21 +45,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from redis.exceptions import RedisError
 
 from ..._exceptions import BackendError, UnsupportedError
+from ..._validate import check_seconds
 from .._protocol import Busy, Capability, Grant, Kind, LockSpec
 from . import _scripts as lua
 from ._blpop import BlockingSignals, BlpopWaiter
-from ._keys import keys_for
+from ._keys import Keys, keys_for
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
 from ._source import disconnect_quietly
 
 if TYPE_CHECKING:
+    import redis.asyncio as aioredis
     from redis.asyncio.connection import AbstractConnection
 
     from ..._url import ParsedURL
@@ -57,6 +72,31 @@ if TYPE_CHECKING:
 __all__ = ["RedisBackend"]
 
 _WAKEUP_MODES: Final = ("pubsub", "blpop")
+# A lock name's fencing counter outlives its last grant by this long (see _scripts.next_token).
+_DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
+
+
+_T = TypeVar("_T")
+
+
+async def _outcome(future: asyncio.Future[_T]) -> _T:
+    """Await a submitted command's outcome; if we are cancelled, it is withdrawn (or, once
+    started, left to finish) and its error, if any, is looked at."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if future.done() and not future.cancelled():
+            future.exception()
+        raise
+
+
+def _fence_ms(fence_ttl: object) -> int:
+    """The ``fence_ttl`` option in whole milliseconds; 0 keeps fencing counters forever."""
+    if type(fence_ttl) in (int, float) and fence_ttl == 0:
+        return 0
+    seconds = check_seconds(fence_ttl, argument="option fence_ttl", allow_none=False)
+    assert seconds is not None
+    return _lease_ms(seconds)
 
 
 def _lease_ms(ttl: float) -> int:
@@ -80,7 +120,9 @@ class RedisBackend:
     ``socket_timeout`` (seconds, default 5; bounds each command), ``max_connections``
     (command connections, default 2: commands queue for a free one, so 1000 waiters cost 2
     command connections plus the one pub/sub connection; raise it for a high-latency link),
-    and ``db`` (for ``unix://``; ``redis://host/N`` carries it in the path).
+    ``db`` (for ``unix://``; ``redis://host/N`` carries it in the path), and ``fence_ttl``
+    (seconds a lock name's fencing counter outlives its last grant, default 7 days; 0 keeps
+    it forever: a counter that is gone restarts from the server clock, see :mod:`._keys`).
 
     Example::
 
@@ -102,7 +144,11 @@ class RedisBackend:
         }
     )
     # The wakeup mode is ours; everything about reaching the server is the source's.
-    options: ClassVar[Mapping[str, type]] = {"wakeup": str, **NodeSource.options}
+    options: ClassVar[Mapping[str, type]] = {
+        "wakeup": str,
+        "fence_ttl": float,
+        **NodeSource.options,
+    }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
         wakeup = options.get("wakeup")
@@ -115,6 +161,7 @@ class RedisBackend:
                 f"option wakeup must be one of {', '.join(map(repr, _WAKEUP_MODES))}, "
                 f"not {wakeup!r}"
             )
+        self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
         source: ConnectionSource = NodeSource(url, options)
         self._source = source
         self._where = source.describe()
@@ -126,6 +173,9 @@ class RedisBackend:
         self._tg: asyncio.TaskGroup | None = None
         self._hub: PubSubHub | None = None
         self._signals: BlockingSignals | None = None
+        self._attempts = _Attempts()
+        self._rechecks = _Rechecks()
+        self._entries = _Entries()
         self._opened = False
         self._closed = False
 
@@ -215,16 +265,24 @@ class RedisBackend:
         ms = _lease_ms(ttl)
         kind = spec.kind
         call = self._source.call
+        attempt = self._attempts.run  # notes what the releases that follow need to know
+        fence = self._fence_ms
         signals = self._signals  # BLPOP mode: pass the keys a granted waiter leaves
         with self._errors["acquire"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
-                    reply = await call(
-                        lua.run, lua.FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode
-                    )
+                    answer = self._rechecks.answer(owner)
+                    if answer is not None:
+                        return answer
+                    if self._attempts.queued(owner):
+                        # In the queue already: this attempt may be the one that takes the
+                        # lock, and everyone behind it waits for it.
+                        return await self._fair_attempt(keys, owner, ms, first=True)
+                    async with self._entries.turn(keys.mutex):
+                        return await self._fair_attempt(keys, owner, ms, first=False)
                 else:
                     mutex_keys = keys.mutex_acquire if signals is None else keys.mutex_acquire_l
-                    reply = await call(lua.run, lua.MUTEX_ACQUIRE, mutex_keys, owner, ms)
+                    reply = await call(attempt, lua.MUTEX_ACQUIRE, mutex_keys, owner, ms, fence)
             elif kind is Kind.READ:
                 chain = "0"
                 read_keys: tuple[bytes, ...] = keys.read_acquire
@@ -234,27 +292,104 @@ class RedisBackend:
                         # Woken by a token: if we get in, pass one on to the next reader.
                         signals.woken_readers.discard(owner)
                         chain = "1"
-                reply = await call(lua.run, lua.READ_ACQUIRE, read_keys, owner, ms, chain)
+                reply = await call(attempt, lua.READ_ACQUIRE, read_keys, owner, ms, chain, fence)
             elif kind is Kind.WRITE:
                 write_keys = keys.write_acquire if signals is None else keys.write_acquire_l
-                reply = await call(lua.run, lua.WRITE_ACQUIRE, write_keys, owner, ms)
+                reply = await call(attempt, lua.WRITE_ACQUIRE, write_keys, owner, ms, fence)
             else:
                 sem_keys = keys.sem_acquire if signals is None else keys.sem_acquire_l
-                reply = await call(lua.run, lua.SEM_ACQUIRE, sem_keys, owner, ms, spec.limit)
+                reply = await call(
+                    attempt, lua.SEM_ACQUIRE, sem_keys, owner, ms, spec.limit, fence
+                )
         if reply[0] == 1:
             return Grant(reply[1])
         return _busy(reply[1])
 
+    async def _fair_attempt(
+        self, keys: Keys, owner: str, ms: int, *, first: bool
+    ) -> Grant | Busy:
+        # Always in a task of the source (``submit``): if we are cancelled while it is in
+        # flight, its reply is still read (the connection is not dropped), and the release
+        # that follows waits for it (_Attempts.landed). A release that overtook it on another
+        # connection would find nothing, and the attempt would then queue an owner that
+        # nobody releases: a dead head for a whole deadline.
+        source = self._source
+        hub = self._hub
+        if hub is None:
+            reply = await _outcome(
+                source.submit(
+                    self._attempts.run,
+                    lua.FAIR_ACQUIRE,
+                    keys.fair_acquire,
+                    owner,
+                    ms,
+                    self._mode,
+                    self._fence_ms,
+                    first=first,
+                )
+            )
+            return Grant(reply[1]) if reply[0] == 1 else _busy(reply[1])
+        rechecks = self._rechecks
+        try:
+            reply = await _outcome(source.submit(self._fair_send, keys, owner, ms, first=first))
+        except BaseException:
+            rechecks.drop(owner)
+            hub.forget(keys.signal, owner)
+            raise
+        if reply[0] == 1:
+            rechecks.drop(owner)
+            hub.forget(keys.signal, owner)
+            return Grant(reply[1])
+        busy = _busy(reply[1])
+        rechecks.refused(owner, busy)
+        return busy
+
+    async def _fair_send(
+        self, client: aioredis.Redis, keys: Keys, owner: str, ms: int
+    ) -> Any:
+        # Pub/sub mode, once a connection is ours: if the lock's channel is live now, a
+        # release that follows this attempt reaches us, and is kept until the waiter joins.
+        hub = self._hub
+        assert hub is not None
+        live = hub.subscription(keys.signal)
+        if live:
+            hub.expect(keys.signal, owner)
+            self._rechecks.sent(owner, live)
+        return await self._attempts.run(
+            client, lua.FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode, self._fence_ms
+        )
+
     async def release(self, spec: LockSpec, owner: str) -> bool:
-        """Release-if-owner (also: leave the fair queue); notifies waiters."""
+        """Release-if-owner (also: leave the fair queue); notifies waiters.
+
+        Served before queued attempts: it lets others go on. Sent only once ``owner``'s own
+        attempt, if one is still in flight, has landed; a fair owner whose attempt never left
+        this process is answered here, without a round trip.
+        """
         keys = keys_for(spec.namespace, spec.name)
         kind = spec.kind
-        call = self._source.call
+        call = self._source.call_first
         mode = self._mode
+        attempts = self._attempts
+        await attempts.landed(owner)
         with self._errors["release"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
-                    done = await call(lua.run, lua.FAIR_RELEASE, keys.fair_release, owner, mode)
+                    self._rechecks.drop(owner)
+                    if self._hub is not None:
+                        self._hub.forget(keys.signal, owner)
+                    left = await attempts.left(owner)
+                    if left is not None:
+                        return left  # it left its queue as its waiter ended (see waiter())
+                    if not attempts.leave(owner):
+                        return False
+                    try:
+                        done = await call(
+                            lua.run, lua.FAIR_RELEASE, keys.fair_release, owner, mode
+                        )
+                    except BaseException:
+                        attempts.stay(owner)  # the outcome is unknown: a retry must be sent
+                        raise
                 else:
                     done = await call(lua.run, lua.MUTEX_RELEASE, keys.mutex_release, owner, mode)
             elif kind is Kind.READ:
@@ -272,7 +407,7 @@ class RedisBackend:
         keys = keys_for(spec.namespace, spec.name)
         ms = _lease_ms(ttl)
         kind = spec.kind
-        call = self._source.call
+        call = self._source.call_first  # a renewal that queues behind attempts risks the lease
         with self._errors["renew"]:
             if kind is Kind.MUTEX:
                 done = await call(lua.run, lua.MUTEX_RENEW, (keys.mutex,), owner, ms)
@@ -292,8 +427,40 @@ class RedisBackend:
         """None: a Redis lease is a TTL lease, bounded by its renewals."""
         return None
 
-    def waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter:
-        """Arm a wakeup for one waiting acquisition (see :mod:`._pubsub`, :mod:`._blpop`)."""
+    def waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter | _FairWaiter:
+        """Arm a wakeup for one waiting acquisition (see :mod:`._pubsub`, :mod:`._blpop`).
+
+        A fair waiter that ends with an exception (cancelled, timed out) also leaves the queue
+        at once, in the same loop step, rather than when the core's compensating release gets
+        its turn: until then it would be a dead head that everyone behind it waits for.
+        """
+        inner = self._waiter(spec, owner)
+        if spec.fair:
+            return _FairWaiter(
+                inner, partial(self._joined, spec, owner), partial(self._leave_now, spec, owner)
+            )
+        return inner
+
+    def _joined(self, spec: LockSpec, owner: str) -> None:
+        # The waiter is armed. If the channel has stayed live since the attempt was sent,
+        # every release after that attempt has reached the waiter (or was kept for it), so
+        # the core's re-check can be answered without asking the server again.
+        hub = self._hub
+        if hub is not None:
+            keys = keys_for(spec.namespace, spec.name)
+            self._rechecks.joined(owner, hub.subscription(keys.signal))
+
+    def _leave_now(self, spec: LockSpec, owner: str) -> None:
+        attempts = self._attempts
+        if attempts.in_flight(owner) or not attempts.leave(owner):
+            return  # the core's release waits for the attempt, then sends the release
+        keys = keys_for(spec.namespace, spec.name)
+        leaving = self._source.submit(
+            lua.run, lua.FAIR_RELEASE, keys.fair_release, owner, self._mode, first=True
+        )
+        attempts.leaving(owner, leaving)
+
+    def _waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter:
         _ = self._source.client  # BackendError unless open
         keys = keys_for(spec.namespace, spec.name)
         kind = spec.kind
@@ -326,6 +493,224 @@ class RedisBackend:
                 keys.rsignal, owner, registry=keys.rw_waiters, lists=rw_lists, reader=True
             )
         return signals.waiter(keys.rw_signal, owner, registry=keys.rw_waiters, lists=rw_lists)
+
+
+class _Attempts:
+    """What a release needs to know about the attempts of its owner: whether one is still in
+    flight, and (fair locks) whether one ever reached the server.
+
+    *In flight.* A release waits until its owner's attempt, if one is still running, has
+    landed. The core releases right away when an attempt is interrupted, and a command that
+    had to queue for a connection goes on without its caller (see :mod:`._node`): sent on
+    another connection, the release could reach the server first and find nothing, and the
+    attempt would then take the lock, or a place in the fair queue, for nobody.
+
+    *Places in a fair queue.* An owner may hold a place at the server only once its attempt
+    has a connection and is about to be sent. The core follows every refused or interrupted
+    fair attempt with a release, also when its caller was cancelled while still queued for a
+    connection; that release is answered here, without a round trip -- in a storm of
+    cancellations most of them are. A place is given up as its release is sent (and taken
+    back if that release fails), so the second of two overlapping releases of one owner (the
+    core may compensate twice) costs nothing either.
+    """
+
+    __slots__ = ("_flight", "_leaving", "_places")
+
+    def __init__(self) -> None:
+        self._flight: dict[str, asyncio.Future[None] | None] = {}
+        self._places: set[str] = set()
+        self._leaving: dict[str, asyncio.Future[Any]] = {}
+
+    async def run(
+        self,
+        client: aioredis.Redis,
+        script: lua.Script,
+        keys: tuple[bytes, ...],
+        owner: str,
+        *args: Any,
+    ) -> Any:
+        """Run the acquire ``script`` for ``owner`` (by the source, once a connection is ours)."""
+        if script is lua.FAIR_ACQUIRE:
+            self._places.add(owner)
+        flight = self._flight
+        flight[owner] = None  # a future only once a release waits for it (rarely)
+        try:
+            return await lua.run(client, script, keys, owner, *args)
+        finally:
+            landed = flight.pop(owner, None)
+            if landed is not None:
+                landed.set_result(None)
+
+    def in_flight(self, owner: str) -> bool:
+        """Whether an attempt of ``owner`` is running."""
+        return owner in self._flight
+
+    async def landed(self, owner: str) -> None:
+        """Return once no attempt of ``owner`` is in flight."""
+        flight = self._flight
+        if owner not in flight:
+            return
+        landed = flight[owner]
+        if landed is None:
+            landed = flight[owner] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(landed)
+
+    def leaving(self, owner: str, reply: asyncio.Future[Any]) -> None:
+        """``owner`` gave up its place, and the release that leaves the queue is on its way."""
+        self._leaving[owner] = reply
+        reply.add_done_callback(partial(self._left, owner))
+
+    def _left(self, owner: str, reply: asyncio.Future[Any]) -> None:
+        if self._leaving.get(owner) is reply:
+            del self._leaving[owner]
+        if reply.cancelled() or reply.exception() is not None:
+            self._places.add(owner)  # the outcome is unknown: a release must be sent again
+
+    async def left(self, owner: str) -> bool | None:
+        """Wait for the release sent by :meth:`leaving`, if any: whether it released the lock,
+        or None (none was sent, or it failed: ``owner`` holds its place again)."""
+        reply = self._leaving.get(owner)
+        if reply is None:
+            return None
+        if not reply.done():
+            await asyncio.wait((reply,))  # neither raises its error nor cancels it
+        if reply.cancelled() or reply.exception() is not None:
+            self._places.add(owner)
+            return None
+        return bool(reply.result() == 1)
+
+    def queued(self, owner: str) -> bool:
+        """Whether ``owner`` may hold a place in a fair queue (or the fair lock)."""
+        return owner in self._places
+
+    def leave(self, owner: str) -> bool:
+        """Give up ``owner``'s place before releasing it: ``False`` if it has none (never
+        sent, or another release of it is under way or done) and nothing need be sent."""
+        if owner not in self._places:
+            return False
+        self._places.discard(owner)
+        return True
+
+    def stay(self, owner: str) -> None:
+        """The release of ``owner`` failed or was interrupted: it may still hold its place."""
+        self._places.add(owner)
+
+
+class _FairWaiter:
+    """The wakeup of a fair waiter: ``joined`` is called once it is armed, ``leave`` when it
+    is left with an exception."""
+
+    __slots__ = ("_inner", "_joined", "_leave")
+
+    def __init__(
+        self,
+        inner: PubSubWaiter | BlpopWaiter,
+        joined: Callable[[], None],
+        leave: Callable[[], None],
+    ) -> None:
+        self._inner = inner
+        self._joined = joined
+        self._leave = leave
+
+    async def __aenter__(self) -> _FairWaiter:
+        await self._inner.__aenter__()
+        self._joined()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self._leave()
+        await self._inner.__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (or a wakeup was banked), or after ``timeout`` seconds."""
+        await self._inner.wait(timeout)
+
+
+class _Entries:
+    """Waiters of this backend enter a fair queue one at a time, in their order of arrival.
+
+    A waiter's first attempt is what puts it in the queue; the next waiter of the same lock
+    sends its own once that one is answered. Their order is kept, and under a storm of
+    cancellations the waiters that give up while waiting for their turn never reach the
+    server: the queue there holds fewer dead entries, and the live ones reach its head
+    sooner. (The other attempts of a waiter already in the queue do not wait for this.)
+    """
+
+    __slots__ = ("_turns",)
+
+    def __init__(self) -> None:
+        # lock key -> (its turn, how many attempts hold it or wait for it)
+        self._turns: dict[bytes, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, lock: bytes) -> AsyncIterator[None]:
+        """Hold the turn to enter the queue of ``lock`` (its key)."""
+        turn, users = self._turns.get(lock) or (asyncio.Lock(), 0)
+        self._turns[lock] = (turn, users + 1)
+        try:
+            async with turn:
+                yield
+        finally:
+            turn, users = self._turns[lock]
+            if users == 1:
+                del self._turns[lock]
+            else:
+                self._turns[lock] = (turn, users - 1)
+
+
+class _Rechecks:
+    """Fair waiters (pub/sub mode) whose re-check may be answered without a round trip.
+
+    The core re-checks right after arming a wakeup, because a release between the refused
+    attempt and the arming would otherwise be missed. A fair waiter's wakeup is addressed to
+    it by owner id; when the lock's channel was live before the attempt was sent, and is
+    still the same subscription once the waiter is armed, every such wakeup published after
+    the attempt has reached the hub, which keeps it for the waiter (``PubSubHub.expect``).
+    Then nothing can have been missed, and the re-check is the attempt's own refusal again
+    -- one round trip fewer for every waiter, which a storm of short-lived waiters feels.
+    The refusal's ``retry_after`` still bounds the wait (a holder that crashed publishes
+    nothing).
+    """
+
+    __slots__ = ("_by_owner",)
+
+    def __init__(self) -> None:
+        # owner -> (the live subscription when its attempt was sent, the refusal or None,
+        # whether its waiter joined while that subscription was still live)
+        self._by_owner: dict[str, tuple[int, Busy | None, bool]] = {}
+
+    def sent(self, owner: str, subscription: int) -> None:
+        self._by_owner[owner] = (subscription, None, False)
+
+    def refused(self, owner: str, busy: Busy) -> None:
+        entry = self._by_owner.get(owner)
+        if entry is not None:
+            self._by_owner[owner] = (entry[0], busy, False)
+
+    def joined(self, owner: str, subscription: int) -> None:
+        entry = self._by_owner.get(owner)
+        if entry is None:
+            return
+        if entry[1] is None or entry[0] != subscription:
+            del self._by_owner[owner]
+        else:
+            self._by_owner[owner] = (entry[0], entry[1], True)
+
+    def answer(self, owner: str) -> Busy | None:
+        """The refusal that answers ``owner``'s re-check, once; None: ask the server."""
+        entry = self._by_owner.pop(owner, None)
+        if entry is None or not entry[2]:
+            return None
+        return entry[1]
+
+    def drop(self, owner: str) -> None:
+        self._by_owner.pop(owner, None)
 
 
 class _SignalScripts:

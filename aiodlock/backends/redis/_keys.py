@@ -4,7 +4,7 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
 (``T`` below), so each script touches a single slot and works on Redis Cluster::
 
     T                STRING  mutex owner                                     (PX = lease)
-    T:fence          STRING  INCR counter of fencing tokens, all families    (no TTL)
+    T:fence          STRING  INCR counter of fencing tokens, all families    (PX = fence_ttl)
     T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
     T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
@@ -26,10 +26,12 @@ Names are opaque: ``{``, ``}``, spaces and unicode are fine. No suffix contains 
 last ``}`` of any key closes the name: two different names can never produce the same key,
 however odd the names are.
 
-``T:fence`` is the only key that deliberately outlives its lock: if it expired, tokens would
-start again at 1 and a fenced resource would refuse every new holder. It costs one small
-string per lock name ever used. Every other key carries a TTL or is deleted when it empties,
-so nothing is orphaned once holders and waiters are gone.
+``T:fence`` outlives its lock by ``fence_ttl`` (default 7 days, refreshed on every grant; 0:
+forever). A missing counter -- expired, or lost with a restart or failover -- starts again from
+the server clock in microseconds (see :mod:`._scripts`), so tokens keep increasing and a fenced
+resource keeps accepting new holders. Every other key carries a TTL or is deleted when it
+empties, so nothing is orphaned once holders and waiters are gone, and nothing per lock name
+lives forever.
 """
 
 from __future__ import annotations

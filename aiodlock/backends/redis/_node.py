@@ -10,6 +10,14 @@ redis-py's own retries are off: retrying a non-idempotent acquire whose reply wa
 make us our own blocker; instead the core compensates with release-if-owner, which the
 protocol makes safe.
 
+A command that finds a connection free runs inline, at no extra cost. Otherwise it queues, in
+one of two lanes (:mod:`._slots`: :meth:`NodeSource.call_first` is served before
+:meth:`NodeSource.call`), and a task that holds a connection runs the queued commands back to
+back. A queued caller that gives up before its command starts leaves nothing to send; one that
+gives up while its command is in flight leaves it to finish, because redis-py drops a
+connection whose reply it stops reading, and under a storm of timeouts every command queued
+behind it would then wait for reconnects.
+
 Example::
 
     source = NodeSource(parse_url("rediss://:secret@cache.internal:6380/2"), {"max_connections": 4})
@@ -22,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, TypeVarTuple
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
@@ -33,6 +41,7 @@ from ..._exceptions import BackendError
 from ..._validate import check_seconds
 from ._deadlines import Deadlines
 from ._errors import ErrorMap
+from ._slots import Slots
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -89,7 +98,7 @@ class NodeSource:
         self._conn_class, self._conn_kwargs = _connection_settings(url, options, connect_timeout)
         self._client: aioredis.Redis | None = None
         self._closed = False
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots: Slots[_Queued[Any]] = Slots(max_connections)
         self._deadlines = Deadlines(socket_timeout)
         self._clock: Callable[[], float] = time.monotonic  # the loop's clock once open
         self._tg: asyncio.TaskGroup | None = None
@@ -121,11 +130,11 @@ class NodeSource:
         except BaseException:
             await client.aclose()
             raise
-        self._client = client
         self._clock = asyncio.get_running_loop().time
         self._tg = tg = asyncio.TaskGroup()
         await tg.__aenter__()
         self._sweeper = tg.create_task(self._deadlines.sweep())
+        self._client = client
 
     async def aclose(self) -> None:
         """Refuse new commands, wait for those in flight (within ``socket_timeout``), close.
@@ -138,17 +147,16 @@ class NodeSource:
         self._closed = True
         client, self._client = self._client, None
         if client is not None:
-            # Holding every slot means no command is in flight (the sweeper still bounds them).
-            for _ in range(self._max_connections):
-                await self._slots.acquire()
-            for _ in range(self._max_connections):
-                self._slots.release()  # whoever still queues fails fast: _client is None
+            # Every slot free means no command is in flight (the sweeper still bounds them);
+            # commands still queued fail fast on the way: _client is None.
+            await self._slots.idle()
         if self._sweeper is not None:
             self._sweeper.cancel()
         tg, self._tg = self._tg, None
         if tg is not None:
-            # The sweeper ends on cancellation and never raises, so this is safe from any task
-            # (a failing child would cancel the task that entered the group).
+            # The sweeper ends on cancellation, and commands that outlived their callers have
+            # handed back their slots (so they are done); none of them raises, so this is safe
+            # from any task (a failing child would cancel the task that entered the group).
             await tg.__aexit__(None, None, None)
         if client is not None:
             await client.aclose()
@@ -167,32 +175,120 @@ class NodeSource:
         self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
     ) -> _T:
         """``await fn(client, *args)`` on a free command connection, bounded in time."""
+        return await self._call(False, fn, args)
+
+    async def call_first(
+        self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
+    ) -> _T:
+        """:meth:`call`, served before every :meth:`call` still waiting for a connection."""
+        return await self._call(True, fn, args)
+
+    def submit(
+        self,
+        fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]],
+        *args: *_Ts,
+        first: bool = False,
+    ) -> asyncio.Future[_T]:
+        """Queue ``fn(client, *args)`` as :meth:`call` (``first``: :meth:`call_first`) would,
+        but always run it in a task of ours, even if a connection is free now; return the
+        future of its outcome at once. Cancelling that future before the command starts
+        withdraws it; once started, it runs to its end."""
+        outcome: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        tg = self._tg
+        if self._client is None or tg is None:
+            outcome.set_exception(self._unavailable())
+            return outcome
+        slots = self._slots
+        free = slots.take()
+        slots.push(_Queued(fn, args, outcome), outcome, first=first)
+        if free:
+            tg.create_task(self._run_queued())  # it holds the slot we took
+        return outcome
+
+    async def _call(
+        self,
+        first: bool,
+        fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]],
+        args: tuple[*_Ts],
+    ) -> _T:
         client = self._client
         if client is None:
             raise self._unavailable()
         # At most max_connections commands in flight; the rest queue here, not in the pool
         # (whose own blocking mode costs every command a Condition round).
         slots = self._slots
-        await slots.acquire()
-        try:
-            # Again once we have a slot: aclose() may have closed the pool meanwhile.
-            client = self._client
-            if client is None:
-                raise self._unavailable()
-            task = asyncio.current_task()
-            assert task is not None
-            deadlines = self._deadlines
-            deadlines.start(task, self._clock())
-            error: BaseException | None = None
+        if slots.take():
+            # The common case: a connection is free, the command runs inline.
             try:
-                return await fn(client, *args)
-            except BaseException as exc:
-                error = exc
-                raise
+                return await self._bounded(client, fn, args)
             finally:
-                deadlines.end(task, error)
+                self._hand_on()
+        # Queued: a task holding a slot runs it (see _run_queued) and hands us the outcome.
+        # If we stop waiting before it starts, it is never sent; once it has started, it
+        # finishes without us: redis-py drops a connection whose reply its reader stops
+        # waiting for, and under a storm of timeouts every command queued behind ours would
+        # then wait for reconnects.
+        outcome: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        slots.push(_Queued(fn, args, outcome), outcome, first=first)
+        try:
+            return await outcome
+        except asyncio.CancelledError:
+            if outcome.done() and not outcome.cancelled():
+                outcome.exception()  # it failed as we left: nobody else will look
+            raise
+
+    def _hand_on(self) -> None:
+        # The holder of a slot is done: the next queued command gets the slot, in a task
+        # that runs queued commands back to back for as long as there are any.
+        tg = self._tg
+        if tg is not None and self._slots.queued():
+            tg.create_task(self._run_queued())
+        else:
+            self._slots.give_back()
+
+    async def _run_queued(self) -> None:
+        # A child of our TaskGroup holding one slot: it raises nothing but its own
+        # cancellation, handing every other outcome to the caller (if still waiting).
+        slots = self._slots
+        try:
+            while (queued := slots.pop()) is not None:
+                outcome = queued.outcome
+                client = self._client
+                if client is None:
+                    outcome.set_exception(self._unavailable())
+                    continue
+                try:
+                    result = await self._bounded(client, queued.fn, queued.args)
+                except Exception as exc:
+                    if not outcome.done():
+                        outcome.set_exception(exc)
+                except BaseException:
+                    outcome.cancel()
+                    raise
+                else:
+                    if not outcome.done():
+                        outcome.set_result(result)
         finally:
-            slots.release()
+            slots.give_back()
+
+    async def _bounded(
+        self,
+        client: aioredis.Redis,
+        fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]],
+        args: tuple[*_Ts],
+    ) -> _T:
+        task = asyncio.current_task()
+        assert task is not None
+        deadlines = self._deadlines
+        deadlines.start(task, self._clock())
+        error: BaseException | None = None
+        try:
+            return await fn(client, *args)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            deadlines.end(task, error)
 
     def errors(self, action: str) -> ErrorMap:
         """Driver errors -> ``BackendError`` for ``action`` (see :mod:`._errors`)."""
@@ -213,6 +309,22 @@ class NodeSource:
     def _unavailable(self) -> BackendError:
         state = "closed" if self._closed else "not open yet"
         return BackendError(f"the redis backend for {self._where} is {state}")
+
+
+class _Queued(Generic[_T]):
+    """A command waiting for a connection, and where its outcome goes."""
+
+    __slots__ = ("args", "fn", "outcome")
+
+    def __init__(
+        self,
+        fn: Callable[[aioredis.Redis, *tuple[Any, ...]], Awaitable[_T]],
+        args: tuple[Any, ...],
+        outcome: asyncio.Future[_T],
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.outcome = outcome
 
 
 def _connection_settings(

@@ -66,10 +66,16 @@ _MAX_BACKOFF: Final = 2.0
 
 
 class _Channel:
-    __slots__ = ("name", "pending", "recheck", "state", "waiters")
+    __slots__ = ("expected", "name", "pending", "recheck", "since", "state", "waiters")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
+        # Which subscription of the hub this is (see PubSubHub.subscription); changes with
+        # every confirmed SUBSCRIBE.
+        self.since = 0
+        # Owners about to wait here whose wakeup may arrive before they do (see expect()):
+        # owner -> whether one arrived.
+        self.expected: dict[bytes, bool] = {}
         # Insertion order = arrival order: "1" goes to the longest-waiting waiter.
         self.waiters: dict[PubSubWaiter, None] = {}
         self.state = _ABSENT
@@ -154,6 +160,7 @@ class PubSubHub:
         self._conn: AbstractConnection | None = None
         self._ping_due = False
         self._task: asyncio.Task[None] | None = None
+        self._subscriptions = 0
         self.closed = False
         self.connects = 0
         self.waiters = 0
@@ -163,6 +170,30 @@ class PubSubHub:
     def waiter(self, channel: bytes, owner: str) -> PubSubWaiter:
         """A waiter on ``channel`` for the acquisition of ``owner`` (not entered yet)."""
         return PubSubWaiter(self, channel, owner.encode("utf-8", "surrogatepass"))
+
+    def subscription(self, channel: bytes) -> int:
+        """Which confirmed subscription to ``channel`` is live now; 0 if none is.
+
+        While this stays the same, every message published to ``channel`` since reaches this
+        hub: the same number at two moments means nothing was published in between that the
+        hub did not see (the connection was not lost, the channel not unsubscribed).
+        """
+        ch = self._channels.get(channel)
+        return ch.since if ch is not None and ch.state == _SUBSCRIBED else 0
+
+    def expect(self, channel: bytes, owner: str) -> None:
+        """Keep a wakeup addressed to ``owner`` on ``channel`` until its waiter joins (or
+        :meth:`forget`): its attempt is about to be sent, and a release that follows the
+        attempt may be heard before the attempt's reply. Only while ``channel`` is live."""
+        ch = self._channels.get(channel)
+        if ch is not None and ch.state == _SUBSCRIBED:
+            ch.expected[owner.encode("utf-8", "surrogatepass")] = False
+
+    def forget(self, channel: bytes, owner: str) -> None:
+        """Stop keeping wakeups for ``owner`` (it will not wait after all)."""
+        ch = self._channels.get(channel)
+        if ch is not None:
+            ch.expected.pop(owner.encode("utf-8", "surrogatepass"), None)
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
         """Run the supervisor (:meth:`run`) as a task made by ``spawn`` (the owner's group)."""
@@ -203,6 +234,8 @@ class PubSubHub:
         ch.waiters[w] = None
         w._ch = ch
         self.waiters += 1
+        if ch.expected.pop(w._owner, False):
+            w._flag = True  # its wakeup came before it did
         if ch.state == _SUBSCRIBED:
             return
         fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
@@ -274,7 +307,7 @@ class PubSubHub:
 
     def _route(self, name: bytes, data: bytes) -> None:
         ch = self._channels.get(name)
-        if ch is None or not ch.waiters:
+        if ch is None:
             return
         if data == _ONE:
             self._wake_one(ch)
@@ -286,12 +319,16 @@ class PubSubHub:
                 if w._owner == data:
                     w._wake(owes=False)
                     return
+            if data in ch.expected:
+                ch.expected[data] = True
 
     def _on_subscribe(self, name: bytes) -> None:
         ch = self._channels.get(name)
         if ch is None:
             ch = self._channels[name] = _Channel(name)
         ch.state = _SUBSCRIBED
+        self._subscriptions += 1
+        ch.since = self._subscriptions
         self._settle(ch, None)
         if ch.recheck:
             # Back after a disconnect: anything published meanwhile is lost; re-check all.

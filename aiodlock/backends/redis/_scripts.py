@@ -136,6 +136,24 @@ local function expire_at_max(zset, other)
 end
 """
 
+# next_token(fence, ttl_ms): the next fencing token of a lock name; every acquire script passes
+# the fence's ttl as its last ARGV. A missing counter -- first use, expired after ttl_ms without
+# a grant, or lost with a restart or a failover -- starts again from the server clock in
+# microseconds, which is larger than every token handed out before as long as the clock did not
+# step back by more than the time since that counter was last used (it gained one per grant,
+# far fewer than one per microsecond). ttl_ms '0': the counter never expires.
+_NEXT_TOKEN = """
+local function next_token(fence, ttl_ms)
+  if redis.call('EXISTS', fence) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', fence, t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+  end
+  local token = redis.call('INCR', fence)
+  if ttl_ms == '0' then redis.call('PERSIST', fence) else redis.call('PEXPIRE', fence, ttl_ms) end
+  return token
+end
+"""
+
 # BLPOP mode only (the backend then passes the extra KEYS): a waiter that is granted leaves
 # the waiter registry in the same step, so once it holds the lock nothing is left to do --
 # nothing that a cancellation could interrupt and turn into a lost grant.
@@ -153,14 +171,15 @@ end
 # ---------------------------------------------------------------------------------- mutex
 
 MUTEX_ACQUIRE: Final = Script(
-    _LEAVE_ON_GRANT
+    _NEXT_TOKEN
+    + _LEAVE_ON_GRANT
     + """
 -- KEYS[1] lock, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
--- ARGV[1] owner, ARGV[2] lease ms
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence ttl ms
 -- -> {1, fencing token} | {0, PTTL of the holder in ms (-1: the key has no TTL)}
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 """
@@ -198,14 +217,16 @@ return 0
 # ------------------------------------------------------------------------------ read/write
 
 READ_ACQUIRE: Final = Script(
-    _NOW
+    _NEXT_TOKEN
+    + _NOW
     + _NOTIFY
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
     + """
 -- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers, KEYS[4] rsignal, KEYS[5] waiters;
 -- BLPOP mode also KEYS[6] (writers') signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' to pass a BLPOP wakeup on to the next reader
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' to pass a BLPOP wakeup on to the next reader,
+-- ARGV[4] fence ttl ms
 -- -> {1, token} | {0, PTTL of the writer}
 -- Readers share; only a writer blocks them (no writer preference).
 local pttl = redis.call('PTTL', KEYS[1])
@@ -221,17 +242,18 @@ if ARGV[3] == '1' then
   -- one on, so all blocked readers wake in a chain instead of one per release.
   notify(KEYS[4], '1', 'l', 1, KEYS[5])
 end
-return {1, redis.call('INCR', KEYS[2])}
+return {1, next_token(KEYS[2], ARGV[#ARGV])}
 """
 )
 
 WRITE_ACQUIRE: Final = Script(
-    _NOW
+    _NEXT_TOKEN
+    + _NOW
     + _LEAVE_ON_GRANT
     + """
 -- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers;
 -- BLPOP mode also KEYS[4] waiters, KEYS[5] signal, KEYS[6] rsignal
--- ARGV[1] owner, ARGV[2] lease ms
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence ttl ms
 -- -> {1, token} | {0, PTTL of the writer} | {0, ms until the earliest reader lease ends}
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
@@ -244,7 +266,7 @@ if first[2] then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5], KEYS[6]}) end
-return {1, redis.call('INCR', KEYS[2])}
+return {1, next_token(KEYS[2], ARGV[#ARGV])}
 """
 )
 
@@ -297,12 +319,13 @@ return 0
 # ------------------------------------------------------------------------------ semaphore
 
 SEM_ACQUIRE: Final = Script(
-    _NOW
+    _NEXT_TOKEN
+    + _NOW
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
     + """
 -- KEYS[1] sem, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit, ARGV[4] fence ttl ms
 -- -> {1, token} | {0, ms until the earliest permit lease ends}
 -- Expired permits (crashed holders) are reclaimed first.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -310,7 +333,7 @@ if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   expire_at_max(KEYS[1], false)
   if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, tonumber(first[2]) - now}
@@ -395,11 +418,12 @@ end
 )
 
 FAIR_ACQUIRE: Final = Script(
-    _NOW
+    _NEXT_TOKEN
+    + _NOW
     + _FAIR
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] qdeadline, KEYS[5] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode, ARGV[4] fence ttl ms
 -- -> {1, token}
 --  | {0, ms}: min(holder PTTL, the head's remaining deadline, lease/3) -- at most lease/3 so
 --    this heartbeat keeps our place; at most the head's deadline so a dead head is purged
@@ -419,7 +443,7 @@ if free and (not head or head == owner) then
     expire_at_max(qd, queue)
     if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
   end
-  return {1, redis.call('INCR', fence)}
+  return {1, next_token(fence, ARGV[#ARGV])}
 end
 if free and dropped > 0 then
   -- A dead head was just purged: the new head has not been told the lock is free.

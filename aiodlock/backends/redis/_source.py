@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -90,7 +91,35 @@ class ConnectionSource(Protocol):
 
         Waits for a free command connection, then cuts ``fn`` off after ``socket_timeout``
         with ``TimeoutError``. Raises ``BackendError`` if the source is not open. Driver
-        errors pass through untranslated: the caller names the action (:meth:`errors`).
+        errors pass through untranslated: the caller names the action (:meth:`errors`). If
+        the caller is cancelled once ``fn`` has started, ``fn`` may still run to its end.
+        """
+        ...
+
+    async def call_first(
+        self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
+    ) -> _T:
+        """:meth:`call`, but served before every :meth:`call` still waiting for a connection.
+
+        For the commands that let other clients go on: releases, renewals, and the attempts
+        of a waiter that already holds a place in a fair queue.
+        """
+        ...
+
+    def submit(
+        self,
+        fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]],
+        *args: *_Ts,
+        first: bool = False,
+    ) -> asyncio.Future[_T]:
+        """:meth:`call` (``first``: :meth:`call_first`) that returns the future of its outcome
+        at once, and whose command, once started, runs to its end however the caller fares.
+
+        Cancelling the future before the command starts withdraws it (nothing is sent);
+        whoever drops the future must still look at its outcome. For a command that must be
+        queued in this very loop step (a cancelled fair waiter leaving its queue), and for an
+        attempt whose reply must be read even if its caller gives up, so that a release sent
+        after it cannot overtake it on another connection.
         """
         ...
 
