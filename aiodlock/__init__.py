@@ -31,7 +31,7 @@ from ._locks import (
     Semaphore as Semaphore,
     WriteLock as WriteLock,
 )
-from ._validate import USE_CLIENT_DEFAULT, UseClientDefault as UseClientDefault
+from ._validate import MIN_TTL, USE_CLIENT_DEFAULT, UseClientDefault as UseClientDefault
 from .backends._protocol import Capability as Capability
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "LockNotOwnedError",
     "LockStatistics",
     "LockTimeoutError",
+    "MIN_TTL",
     "ReadLock",
     "Semaphore",
     "StaleTokenError",

@@ -21,7 +21,7 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
-from ._exceptions import LockTimeoutError
+from ._exceptions import BackendError, LockTimeoutError
 from ._local import Turns, takes_turns
 from ._supervisor import Supervisor
 from .backends._protocol import Backend, Busy, Grant, LockSpec
@@ -176,9 +176,14 @@ async def _attempt(
     sent = asyncio.get_running_loop().time()
     try:
         attempt = await backend.try_acquire(spec, owner, ttl)
+    except BackendError as exc:
+        if exc.request_sent:
+            supervisor.compensate(spec, owner)
+        raise
     except BaseException:
         supervisor.compensate(spec, owner)
         raise
+    supervisor.answered()
     return attempt, sent
 
 

@@ -30,11 +30,14 @@ from ._url import parse_url
 from ._validate import (
     USE_CLIENT_DEFAULT,
     UseClientDefault,
+    check_async_callable,
     check_bool,
     check_limit,
     check_name,
     check_namespace,
     check_seconds,
+    check_timeout,
+    check_ttl,
     convert_query,
 )
 from .backends._protocol import Backend, Kind, LockSpec
@@ -94,10 +97,9 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
             raise TypeError(_unknown_option(key, accepted, "option"))
         merged[key] = value
     namespace = check_namespace(merged.pop("namespace", DEFAULT_NAMESPACE))
-    ttl = check_seconds(merged.pop("ttl", DEFAULT_TTL), argument="ttl", allow_none=False)
-    timeout = check_seconds(merged.pop("timeout", None), argument="timeout")
+    ttl = check_ttl(merged.pop("ttl", DEFAULT_TTL))
+    timeout = check_timeout(merged.pop("timeout", None))
     max_hold = check_seconds(merged.pop("max_hold", None), argument="max_hold")
-    assert ttl is not None
     backend: Backend = backend_cls(parsed, merged)
     return LockClient(backend, namespace=namespace, ttl=ttl, timeout=timeout, max_hold=max_hold)
 
@@ -283,8 +285,7 @@ class LockClient:
             LockTimeoutError: the lock was not acquired within ``timeout``.
             LockLostError: the lease was lost while ``fn`` ran.
         """
-        if not callable(fn):
-            raise TypeError(f"fn must be a coroutine function, not {type(fn).__name__}")
+        check_async_callable(fn)
         lock = self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, fair=fair)
         return await run_guarded(lock, fn, *args)
 
@@ -344,16 +345,12 @@ class LockClient:
         reentrant: bool = False,
     ) -> L:
         check_bool(reentrant, argument="reentrant")
-        ttl_s = self.ttl if ttl is USE_CLIENT_DEFAULT else check_seconds(ttl, argument="ttl")
-        if ttl_s is None:
-            raise TypeError("ttl must be a number of seconds, not None")
+        ttl_s = self.ttl if ttl is USE_CLIENT_DEFAULT else check_ttl(ttl)
         return cls(
             self._context,
             spec,
             ttl=ttl_s,
-            timeout=self.timeout
-            if timeout is USE_CLIENT_DEFAULT
-            else check_seconds(timeout, argument="timeout"),
+            timeout=self.timeout if timeout is USE_CLIENT_DEFAULT else check_timeout(timeout),
             max_hold=self.max_hold
             if max_hold is USE_CLIENT_DEFAULT
             else check_seconds(max_hold, argument="max_hold"),

@@ -67,5 +67,11 @@ class UnsupportedError(LockError):
 class BackendError(LockError):
     """The coordination service failed: connection refused or lost, protocol error, timeout.
 
-    The driver's own exception is chained as ``__cause__``.
+    The driver's own exception is chained as ``__cause__``. ``request_sent`` is False when the
+    request provably never left this process (no connection could be made), so nothing it
+    might have done on the service needs undoing.
     """
+
+    def __init__(self, *args: object, request_sent: bool = True) -> None:
+        super().__init__(*args)
+        self.request_sent = request_sent

@@ -122,7 +122,17 @@ class Holdings:
         self._live[state] = live
         if key is not None:
             self._by_task[key] = live
+        state.on_loss(lambda _: self._lost(live))
         return live
+
+    def _lost(self, live: LiveLease) -> None:
+        # A lost lease is over: the client stops tracking it at once (a lease from acquire()
+        # that is never released must not stay forever), and gives back in the background
+        # whatever may be left of it on the service. Its release() only reports the loss.
+        if self._live.get(live.state) is not live:
+            return
+        self._forget(live)
+        self._supervisor.compensate(live.state.spec, live.state.owner)
 
     def held_by(self, spec: LockSpec, task: asyncio.Task[Any]) -> LiveLease | None:
         """The exclusive lease ``task`` holds on ``spec``'s lock, if any (for reentrancy)."""
@@ -182,6 +192,10 @@ class Holdings:
         reason = state.lost_reason
         if not state.end():
             return  # released before: idempotent
+        if reason is not None:
+            # Lost before: its clean-up on the service is under way in the background
+            # (_lost); the caller must not wait for a service that may be unreachable.
+            raise LockNotOwnedError(f"{state.spec.describe()} was lost before release") from reason
         if live is not None and state.renewing and not live.keeper.done():
             # A renewal is in flight, maybe on the very connection the release will use (MySQL
             # pins one per lease): let the cancelled keep-alive finish first.
@@ -192,8 +206,6 @@ class Holdings:
                 raise
         released = await self._supervisor.release(state.spec, state.owner)
         what = state.spec.describe()
-        if reason is not None:
-            raise LockNotOwnedError(f"{what} was lost before release") from reason
         if not released:
             found = LockLostError(
                 f"{what} was found expired or taken when it was released: "
@@ -223,7 +235,8 @@ class Holdings:
                 self._supervisor.compensate(state.spec, state.owner)
 
     def _forget(self, live: LiveLease) -> None:
-        live.keeper.cancel()
+        if live.keeper is not asyncio.current_task():  # a keep-alive that reports its loss
+            live.keeper.cancel()
         self._live.pop(live.state, None)
         if live.task_key is not None and self._by_task.get(live.task_key) is live:
             del self._by_task[live.task_key]

@@ -16,6 +16,7 @@ a task's second entry is treated; the mechanisms are elsewhere, each with one ow
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -27,8 +28,8 @@ from ._exceptions import LockError, LockLostError, LockNotOwnedError, Unsupporte
 from ._guard import LossGuard
 from ._lease import Lease, LeaseState
 from ._local import Holdings, LiveLease
-from ._supervisor import Supervisor, logger
-from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_seconds
+from ._supervisor import Supervisor
+from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_timeout
 from ._watchdog import drift
 from .backends._protocol import Backend, Capability, Kind, LockSpec
 
@@ -265,7 +266,7 @@ class BaseLock:
         except LockError as exc:
             # The service is unreachable: the lease ends by expiry. The body's outcome is
             # what the caller needs to see, so this is logged rather than raised.
-            logger.warning("could not release %s: %s", self._spec.describe(), exc)
+            self._context.supervisor.failed(f"release of {self._spec.describe()}", exc)
         return None
 
     # ------------------------------------------------------------------ introspection
@@ -301,7 +302,7 @@ def _current_task() -> asyncio.Task[Any]:
 
 
 def _seconds(timeout: object) -> float | None:
-    return check_seconds(timeout, argument="timeout")
+    return check_timeout(timeout)
 
 
 @final
@@ -376,7 +377,13 @@ class Semaphore(BaseLock):
 async def run_guarded(lock: BaseLock, fn: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
     """Run ``await fn(*args)`` while holding ``lock``, cancelled on loss (LockLostError)."""
     async with lock:
-        return await fn(*args)
+        awaitable = fn(*args)
+        if not inspect.isawaitable(awaitable):
+            raise TypeError(
+                f"fn must return an awaitable (be an async function), not "
+                f"{type(awaitable).__name__}"
+            )
+        return await awaitable
 
 
 def check_kind(backend: Backend, spec: LockSpec) -> None:

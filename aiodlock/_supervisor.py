@@ -6,6 +6,10 @@ all of them and leaves nothing running. A child of that group must never fail (a
 cancel the task that opened the client): a lost lease is reported through its
 :class:`~aiodlock._lease.LeaseState`, a failed background release is logged.
 
+Logging follows the service's state, not the requests: the first release that fails logs one
+WARNING and the first answer after that one INFO line; the failures in between are DEBUG. An
+outage under load (every request failing) is two lines, not thousands.
+
 Example (what the client does)::
 
     supervisor = Supervisor(backend)
@@ -40,12 +44,13 @@ lease's own expiry."""
 class Supervisor:
     """Runs and owns a client's background tasks (see the module docstring)."""
 
-    __slots__ = ("_backend", "_cleanups", "_group")
+    __slots__ = ("_backend", "_cleanups", "_failing", "_group")
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._group: asyncio.TaskGroup | None = None
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._failing = False  # the last request we could judge by failed (see failed())
 
     @property
     def running(self) -> bool:
@@ -96,10 +101,12 @@ class Supervisor:
         again from an owned background task, and the cancellation propagates at once.
         """
         try:
-            return await self._backend.release(spec, owner)
+            released = await self._backend.release(spec, owner)
         except asyncio.CancelledError:
             self.compensate(spec, owner)
             raise
+        self.answered()
+        return released
 
     def compensate(self, spec: LockSpec, owner: str) -> None:
         """Release-if-owner in the background: for an acquire whose outcome is unknown, a grant
@@ -116,7 +123,29 @@ class Supervisor:
             async with asyncio.timeout(RELEASE_TIMEOUT):
                 await self._backend.release(spec, owner)
         except Exception as exc:
-            logger.warning("background release of %r failed: %s", spec.name, exc)
+            self.failed(f"background release of {spec.describe()}", exc)
+        else:
+            self.answered()
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """A request to the service failed: log it if it is the first since the last answer
+        (WARNING, and that the next ones are quiet), else at DEBUG."""
+        if self._failing:
+            logger.debug("%s failed: %s", what, exc)
+            return
+        self._failing = True
+        logger.warning(
+            "%s failed: %s (further failures are logged at DEBUG until %s answers again)",
+            what,
+            exc,
+            self._backend.describe(),
+        )
+
+    def answered(self) -> None:
+        """A request to the service succeeded: log the recovery once, after failures."""
+        if self._failing:
+            self._failing = False
+            logger.info("%s answers again", self._backend.describe())
 
     async def settle(self) -> None:
         """Wait until the compensating releases running now (and any they start) are done."""

@@ -12,22 +12,31 @@ Example::
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 from typing import Any, Final, Literal
 
 __all__ = [
     "MAX_NAME_BYTES",
+    "MIN_TTL",
     "USE_CLIENT_DEFAULT",
     "UseClientDefault",
+    "check_async_callable",
     "check_bool",
     "check_limit",
     "check_name",
     "check_namespace",
     "check_seconds",
+    "check_timeout",
+    "check_ttl",
     "convert_query",
 ]
 
 MAX_NAME_BYTES: Final = 1024
+
+MIN_TTL: Final = 0.02
+"""The shortest lease accepted, in seconds. A lease is renewed every ``ttl / 3``, so a ttl
+must be several round trips to the service long; below this it would be lost at once."""
 
 
 class UseClientDefault(enum.Enum):
@@ -86,6 +95,44 @@ def check_seconds(value: object, *, argument: str, allow_none: bool = True) -> f
     if seconds <= 0:
         raise ValueError(f"{argument} must be > 0, not {seconds}")
     return seconds
+
+
+def check_ttl(value: object) -> float:
+    """Validate a lease length: seconds, at least :data:`MIN_TTL`."""
+    ttl = check_seconds(value, argument="ttl", allow_none=False)
+    assert ttl is not None
+    if ttl < MIN_TTL:
+        raise ValueError(
+            f"ttl must be at least {MIN_TTL} s (and several round trips to the service), "
+            f"not {ttl}: the lease is renewed every ttl/3"
+        )
+    return ttl
+
+
+def check_timeout(value: object) -> float | None:
+    """Validate how long to wait for a lock: seconds, ``0`` (one attempt, do not wait) or
+    ``None`` (wait as long as it takes)."""
+    if type(value) in (int, float) and value == 0:
+        return 0.0
+    return check_seconds(value, argument="timeout")
+
+
+def check_async_callable(fn: object, *, argument: str = "fn") -> None:
+    """``fn`` must be an async function (``async def``, or a ``functools.partial`` of one, or
+    any callable that returns an awaitable); a plain function is refused before anything runs.
+    """
+    if not callable(fn):
+        raise TypeError(f"{argument} must be an async function, not {type(fn).__name__}")
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+        return
+    target: Any = fn  # (mypy cannot tell a callable object from a function here)
+    plain = inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target)
+    if plain and getattr(fn, "__name__", "") != "<lambda>":  # a lambda may return a coroutine
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"{argument} must be an async function, and {name} is a plain function: define it "
+            f"with `async def`, or run it in a thread by passing `asyncio.to_thread, {name}`"
+        )
 
 
 def check_limit(limit: object) -> int:

@@ -6,6 +6,7 @@ Checks that need a driver (a backend's own options) are in that backend's test m
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import sys
@@ -75,8 +76,48 @@ def test_query_options_are_converted_and_keywords_win() -> None:
 @pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("argument", ["ttl", "timeout", "max_hold"])
 def test_bad_durations(argument: str, value: float) -> None:
+    if argument == "timeout" and value == 0:
+        assert aiodlock.connect(timeout=0).timeout == 0  # "do not wait"
+        return
     with pytest.raises(ValueError, match=argument):
         aiodlock.connect(None, **{argument: value})
+
+
+@pytest.mark.parametrize("ttl", [0.001, 0.019])
+def test_ttl_below_the_minimum_is_refused(ttl: float) -> None:
+    """A lease shorter than a few round trips would be lost at once: refused, saying why."""
+    with pytest.raises(ValueError, match=r"ttl must be at least 0\.02 s"):
+        aiodlock.connect(ttl=ttl)
+    locks = aiodlock.connect()
+    with pytest.raises(ValueError, match="at least"):
+        locks.lock("x", ttl=ttl)
+    assert locks.lock("x", ttl=aiodlock.MIN_TTL).ttl == aiodlock.MIN_TTL
+
+
+async def test_run_exclusive_refuses_a_plain_function_before_locking() -> None:
+    """A sync function used to fail with a raw TypeError from ``await``, after the lock was
+    taken and the function had run. Now it is refused before either, saying what to pass."""
+    calls: list[int] = []
+
+    def report(day: int) -> int:
+        calls.append(day)
+        return day
+
+    async with aiodlock.connect() as locks:
+        with pytest.raises(TypeError, match=r"plain function.*asyncio\.to_thread, .*report"):
+            await locks.run_exclusive("job", report, 1)  # type: ignore[arg-type]
+        assert calls == []
+        assert locks.lock("job").statistics().acquired == 0
+        assert await locks.run_exclusive("job", asyncio.to_thread, report, 2) == 2
+        assert await locks.run_exclusive("job", functools.partial(_double, 3)) == 6
+        assert await locks.run_exclusive("job", lambda: _double(4)) == 8
+        with pytest.raises(TypeError, match="must return an awaitable"):
+            await locks.run_exclusive("job", lambda: 5)  # type: ignore[arg-type, return-value]
+        assert calls == [2]
+
+
+async def _double(x: int) -> int:
+    return 2 * x
 
 
 @pytest.mark.parametrize("value", ["10", True, [1]])
@@ -109,7 +150,7 @@ async def test_bad_names_and_limits() -> None:
             locks.lock("x", ttl=-1)
         with pytest.raises(ValueError, match="timeout must be finite"):
             await locks.lock("x").acquire(timeout=math.nan)
-        with pytest.raises(TypeError, match="fn must be a coroutine function"):
+        with pytest.raises(TypeError, match="fn must be an async function"):
             await locks.run_exclusive("x", 42)  # type: ignore[arg-type]
 
 

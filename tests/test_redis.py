@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from tests.helpers import eventually, wait_until
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+
+    from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -139,6 +142,101 @@ async def test_holder_survives_server_restart_as_a_loss_not_a_hang(
                     await asyncio.sleep(5)
     finally:
         server.close()
+
+
+# ---------------------------------------------------------------------- outages
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server of the test's own, to stop, pause and restart."""
+    from tests.servers import RedisServer
+
+    with RedisServer() as server:
+        yield server
+
+
+def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "aiodlock" and r.levelno == level]
+
+
+async def test_an_outage_is_logged_once_not_per_request(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12: a stopped Redis under load used to log a WARNING per failed release and per
+    compensating release of an acquire that never reached the server. Now: one WARNING when
+    requests start failing, DEBUG for the rest, one INFO when the server answers again; and
+    an acquire that could not even connect leaves nothing to undo (no background release)."""
+    caplog.set_level(logging.DEBUG, logger="aiodlock")
+    options = {"namespace": "outage", "connect_timeout": 0.5, "socket_timeout": 0.5}
+    async with aiodlock.connect(own_server.url, **options) as locks:
+        inside = asyncio.Barrier(21)
+        leave = asyncio.Event()
+
+        async def holder(i: int) -> None:
+            async with locks.lock(f"k{i}", ttl=30):
+                await inside.wait()
+                await leave.wait()
+
+        holders = [asyncio.create_task(holder(i)) for i in range(20)]
+        await inside.wait()
+        await asyncio.to_thread(own_server.stop)
+        leave.set()
+        await asyncio.gather(*holders)  # their releases fail: logged, not raised
+        for i in range(100):
+            with pytest.raises(aiodlock.BackendError) as failure:
+                await locks.lock(f"new{i}").acquire()
+            assert failure.value.request_sent is False
+        await locks.settle()
+        assert len(_records(caplog, logging.WARNING)) == 1
+        assert not [r for r in caplog.records if "background release" in r.getMessage()]
+        await asyncio.to_thread(own_server.start)
+        async with locks.lock("back"):
+            pass
+        [recovered] = _records(caplog, logging.INFO)
+        assert "answers again" in recovered.getMessage()
+        assert len(_records(caplog, logging.WARNING)) == 1
+
+
+async def test_a_lost_lease_leaves_its_block_at_once_on_a_paused_server(
+    own_server: RedisServer,
+) -> None:
+    """Issue 12: with the server paused, the body was cancelled at the loss but the block
+    raised LockLostError only a socket timeout later (its release waited for the server).
+    A lease known to be lost is given back in the background: the block ends at once."""
+    loop = asyncio.get_running_loop()
+    async with aiodlock.connect(own_server.url, namespace="paused", socket_timeout=5) as locks:
+        lease_lost_at = 0.0
+        with pytest.raises(aiodlock.LockLostError):
+            async with locks.lock("k", ttl=0.6) as lease:
+                await asyncio.to_thread(own_server.pause)
+                try:
+                    await asyncio.sleep(10)
+                finally:
+                    lease_lost_at = loop.time()
+        left_at = loop.time()
+        own_server.resume()
+        assert lease.lost.is_set()
+        assert left_at - lease_lost_at < 0.5
+
+
+async def test_command_deadlines_are_precise(own_server: RedisServer) -> None:
+    """Issue 12: deadlines landed up to a quarter of ``socket_timeout`` late (a 5 s limit
+    fired after 5-6.25 s). Now within 25 ms of it (plus the loop's own lateness)."""
+    loop = asyncio.get_running_loop()
+    took = []
+    async with aiodlock.connect(own_server.url, namespace="late", socket_timeout=1.6) as locks:
+        await asyncio.to_thread(own_server.pause)
+        try:
+            for phase in (0.1, 0.2, 0.3):  # the old sweeper (every 0.4 s) cut them off late
+                await asyncio.sleep(phase)  # not in step with a periodic sweeper
+                started = loop.time()
+                with pytest.raises(aiodlock.BackendError, match=r"no reply within 1\.6 s"):
+                    await locks.lock("k").try_acquire()
+                took.append(loop.time() - started)
+        finally:
+            own_server.resume()
+    assert all(1.6 <= t < 1.7 for t in took), took
 
 
 # ---------------------------------------------------------------------- fencing counters

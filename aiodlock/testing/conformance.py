@@ -93,6 +93,7 @@ __all__ = [
     "test_fair_lock_hands_over_in_arrival_order",
     "test_fencing_tokens_strictly_increase",
     "test_lock_families_are_independent",
+    "test_lost_lease_is_forgotten_at_once",
     "test_max_hold_stops_renewing",
     "test_names_are_opaque",
     "test_non_reentrant_reentry_is_an_error_not_a_deadlock",
@@ -110,6 +111,7 @@ __all__ = [
     "test_statistics_and_repr",
     "test_three_processes_read_sleep_write",
     "test_timeout",
+    "test_timeout_zero_tries_once",
     "test_try_acquire",
     "test_undeclared_kinds_fail_at_construction",
     "test_watchdog_cancels_body_when_lock_is_broken",
@@ -554,6 +556,45 @@ async def test_acquire_outside_async_with_sets_lost(
     await asyncio.wait_for(lease.lost.wait(), 2)
     with pytest.raises(aiodlock.LockLostError):
         lease.assert_held()
+
+
+@pytest.mark.asyncio
+async def test_lost_lease_is_forgotten_at_once(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
+) -> None:
+    """A lease taken with ``acquire()`` and lost (here: ``max_hold`` ran out) is dropped from
+    the client's bookkeeping when it is lost, not when (or if) it is released — a job that
+    takes a lock once per period and never releases a lost one must not grow the client —
+    and its ``release()`` reports the loss at once, without waiting for the service."""
+    leases = [await make(locks, f"dropped{i}", ttl=0.3, max_hold=0.05).acquire() for i in range(3)]
+    assert locks.statistics().leases == 3
+    for lease in leases:
+        await asyncio.wait_for(lease.lost.wait(), 2)
+    assert locks.statistics().leases == 0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(aiodlock.LockNotOwnedError):
+        await leases[0].release()
+    assert loop.time() - started < 0.05
+    await locks.settle()
+    async with make(other, "dropped0", timeout=2):
+        pass  # given back on the service (or expired)
+
+
+@pytest.mark.asyncio
+async def test_timeout_zero_tries_once(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
+) -> None:
+    """``timeout=0``: one attempt, no waiting (like ``try_acquire()``, but raising)."""
+    async with make(locks, "once", timeout=0) as lease:
+        assert lease.held
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(aiodlock.LockTimeoutError):
+            await make(other, "once").acquire(timeout=0)
+        assert loop.time() - started < 1
+    await locks.settle()
+    await other.settle()
 
 
 @pytest.mark.asyncio

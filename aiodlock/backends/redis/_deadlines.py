@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-__all__ = ["Deadlines"]
+__all__ = ["PRECISION", "Deadlines"]
+
+PRECISION = 0.025
+"""How late, at most, a command is cut off after its limit (seconds)."""
 
 
 class Deadlines:
@@ -18,8 +21,10 @@ class Deadlines:
     ``asyncio.timeout`` costs ~6 us a call (a timer handle in the loop's heap, per command),
     which alone would be a tenth of the uncontended acquire+release budget. Instead each
     command notes its deadline in a dict, and one sweeper task (in its owner's TaskGroup)
-    cancels the commands that overran, every ``limit / 4`` -- so a command is cut off between
-    ``limit`` and ``1.25 * limit``. ``end()`` turns that cancellation into ``TimeoutError``
+    cancels the commands that overran, every :data:`PRECISION` seconds (or ``limit / 4`` if
+    that is shorter) -- so a command is cut off between ``limit`` and ``limit + PRECISION``.
+    The dict holds the commands in flight only (at most one per connection), so a sweep is a
+    handful of comparisons. ``end()`` turns that cancellation into ``TimeoutError``
     exactly as ``asyncio.timeout`` would (``uncancel``), and lets any other one through.
     """
 
@@ -45,7 +50,7 @@ class Deadlines:
     async def sweep(self) -> None:
         """Cancel overrunning commands until cancelled itself (run it as an owned task)."""
         loop = asyncio.get_running_loop()
-        period = self._limit / 4
+        period = min(self._limit / 4, PRECISION)
         while True:
             # Housekeeping on a fixed period (not a lock poll): cheaper than a timer per call.
             await asyncio.sleep(period)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from types import TracebackType
 
+import redis.asyncio.connection
 from redis.exceptions import RedisError
 
 from ..._exceptions import BackendError, LockError
 
 __all__ = ["ErrorMap"]
+
+_CONNECTION_MODULE = redis.asyncio.connection.__file__
 
 
 class ErrorMap:
@@ -56,5 +59,18 @@ class ErrorMap:
             if self._secret:
                 detail = detail.replace(self._secret, "***")
             raise BackendError(
-                f"redis {self._action} failed on {self._where}: {type(exc).__name__}: {detail}"
+                f"redis {self._action} failed on {self._where}: {type(exc).__name__}: {detail}",
+                request_sent=not _while_connecting(exc),
             ) from exc
+
+
+def _while_connecting(exc: BaseException) -> bool:
+    """Whether redis-py raised ``exc`` while making a connection, before any command was
+    written to it (so a lock step that failed so did nothing on the server)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "connect_check_health" and code.co_filename == _CONNECTION_MODULE:
+            return True
+        tb = tb.tb_next
+    return False
