@@ -358,8 +358,8 @@ def _connection_settings(
         return UnixDomainSocketConnection, common
     if len(url.hosts) > 1:
         raise ValueError(
-            f"{url.scheme}:// takes one host, got {len(url.hosts)}; "
-            "use redlock:// for several independent masters"
+            f"{url.scheme}:// takes one host, got {len(url.hosts)}; several hosts (Redis "
+            "Sentinel, Redis Cluster, Redlock over independent masters) are not supported yet"
         )
     host, port = url.hosts[0] if url.hosts else ("localhost", None)
     path = url.path.strip("/")
