@@ -74,10 +74,12 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
             ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``, and
             any scheme an installed package registers (entry-point group ``aiodlock.backends``).
             Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
+            Special characters in a user name or password must be percent-encoded.
         **options: ``namespace`` (default ``"aiodlock"``), ``ttl`` (lease seconds, default
             30, renewed every ttl/3), ``timeout`` (default acquire wait, ``None`` = forever),
             ``max_hold`` (stop renewing after this many seconds), and the backend's own
-            options (Redis: ``wakeup="pubsub"|"blpop"``, ``connect_timeout``...).
+            options (Redis: ``wakeup="pubsub"|"blpop"``, ``connect_timeout``, the ``ssl_*``
+            options of ``rediss://``, ``redis_client=`` an application's own client...).
 
     Raises:
         ValueError: unknown scheme (the message lists the known ones), a bad option value.

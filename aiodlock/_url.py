@@ -3,7 +3,10 @@
 ``"redis://:secret@host:6379/0?ttl=10&wakeup=blpop"`` becomes a scheme, a list of hosts,
 credentials, a path and the raw query options. Which schemes exist is the registry's business
 (:mod:`aiodlock.backends._registry`), what the options mean the client's and the backend's.
-Passwords are kept out of every ``repr()`` and message.
+Passwords are kept out of every ``repr()`` and message, and no error about a malformed URL
+quotes any part of its user name or password: a special character that is not percent-encoded
+(``redis://:pa#ss@host``) would split the URL inside the password, so such URLs are refused
+before a piece of the password can pass for a host, a port, a path or an option.
 
 Example::
 
@@ -13,12 +16,13 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["ParsedURL", "parse_url"]
-
+__all__ = ["ENCODE_HINT", "ParsedURL", "parse_url"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,13 @@ class ParsedURL:
 def parse_url(url: str | None) -> ParsedURL:
     """Split ``url``; ``None`` means ``memory://``.
 
+    No part of the user name or password ever appears in an error: a malformed URL is refused
+    with a message that quotes only what follows the credentials (or nothing of the URL).
+
     Raises:
         TypeError: ``url`` is not a string.
-        ValueError: no ``scheme://`` prefix, or a malformed host or port.
+        ValueError: no ``scheme://`` prefix, a malformed host or port, or credentials with
+            special characters that are not percent-encoded (``#``, ``/``, ``?``).
     """
     if url is None:
         url = "memory://"
@@ -58,19 +66,22 @@ def parse_url(url: str | None) -> ParsedURL:
     if not sep or not scheme:
         shown = url.split("@")[-1][:40]  # never the credentials
         raise ValueError(f"unknown URL scheme in url {shown!r}: expected scheme://...")
-    # urlsplit does not accept several comma-separated hosts with ports, so split by hand.
-    parts = urlsplit("x://" + rest)
-    netloc = parts.netloc
+    if not _SCHEME.fullmatch(scheme):
+        # Quote nothing: "://" inside a password would make the scheme part of it.
+        raise ValueError(f"url has a malformed scheme; {ENCODE_HINT}")
+    authority, tail = _split_authority(rest)
     username = password = None
-    if "@" in netloc:
-        auth, netloc = netloc.rsplit("@", 1)
+    if "@" in authority:
+        auth, authority = authority.rsplit("@", 1)  # an unencoded "@" in a password is kept
         user, _, pwd = auth.partition(":")
         username = unquote(user) or None
         password = unquote(pwd) or None
+    # urlsplit does not accept several comma-separated hosts with ports, so split by hand.
     hosts: list[tuple[str, int | None]] = []
-    for item in filter(None, netloc.split(",")):
+    for item in filter(None, authority.split(",")):
         host, port = _split_host(item)
         hosts.append((host, port))
+    parts = urlsplit("x://" + tail)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     path = unquote(parts.path)
     if scheme == "unix":
@@ -79,18 +90,48 @@ def parse_url(url: str | None) -> ParsedURL:
     return ParsedURL(scheme, tuple(hosts), path, username, password, query, url)
 
 
+ENCODE_HINT: Final = (
+    "special characters in user names and passwords must be percent-encoded "
+    "(# as %23, / as %2F, ? as %3F, @ as %40, : as %3A)"
+)
+_SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def _split_authority(rest: str) -> tuple[str, str]:
+    """``rest`` (after ``scheme://``) split into the authority and the path-query tail.
+
+    The authority ends at the first ``/``, ``?`` or ``#``. A ``#`` or ``@`` after it means
+    a user name or password with an unencoded ``/``, ``?`` or ``#`` (the URL would otherwise
+    be split inside the password, and a piece of it taken for a host, port, database or
+    option, and echoed in a message): refused, quoting nothing of the URL.
+    """
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "#" in tail:
+        raise ValueError(f"url has a '#' (URLs here take no fragment); {ENCODE_HINT}")
+    if "@" in tail:
+        raise ValueError(
+            "url has an '@' after its host part: a user name or password with an unencoded "
+            f"'/' or '?', or an '@' in the path or query (write it as %40); {ENCODE_HINT}"
+        )
+    return authority, tail
+
+
 def _split_host(item: str) -> tuple[str, int | None]:
+    # Called on the part after the credentials only, so quoting it cannot show them.
     if item.startswith("["):  # [::1]:6379
-        host, _, tail = item[1:].partition("]")
-        port_text = tail[1:] if tail.startswith(":") else ""
+        host, bracket, tail = item[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise ValueError(f"url has a malformed IPv6 host {item!r}; {ENCODE_HINT}")
+        port_text = tail[1:]
     else:
         host, _, port_text = item.partition(":")
     if not port_text:
         return host, None
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"url has a bad port {port_text!r} for host {host!r}") from None
+    # Digits checked first, so no int() error (with the text in it) is chained or kept.
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"url has a bad port {port_text!r} for host {host!r}; {ENCODE_HINT}")
+    port = int(port_text)
     if not 0 < port < 65536:
         raise ValueError(f"url has a port out of range: {port}")
     return host, port

@@ -54,6 +54,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Self
 
@@ -68,7 +70,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from types import TracebackType
 
-__all__ = ["INSTALL_HINT", "RedisServer", "ServerProcess", "free_port", "redis_ping"]
+__all__ = [
+    "INSTALL_HINT",
+    "RedisServer",
+    "RedisTLSServer",
+    "ServerProcess",
+    "TLSFiles",
+    "free_port",
+    "redis_ping",
+]
 
 LOOPBACK = "127.0.0.1"
 INSTALL_HINT = "run `bash scripts/install-system-deps.sh` (as root or with sudo) to install it"
@@ -446,14 +456,20 @@ class _PortTakenError(Exception):
     """Someone else listens on the port; :meth:`ServerProcess.start` may retry elsewhere."""
 
 
-def redis_ping(host: str, port: int, *, timeout: float = 0.5) -> bool:
+def redis_ping(
+    host: str, port: int, *, timeout: float = 0.5, tls: ssl.SSLContext | None = None
+) -> bool:
     """True if a Redis server at ``host:port`` answers PING with PONG within ``timeout``.
 
-    Raw RESP over a socket, so it needs no client library. A paused server accepts the
-    connection (the kernel does) but does not answer: that is False after ``timeout``.
+    Raw RESP over a socket (wrapped in ``tls`` if given), so it needs no client library. A
+    paused server accepts the connection (the kernel does) but does not answer: that is False
+    after ``timeout``.
     """
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+            if tls is not None:
+                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
             sock.sendall(b"PING\r\n")
             reply = b""
             while not reply.endswith(b"\r\n"):
@@ -461,7 +477,7 @@ def redis_ping(host: str, port: int, *, timeout: float = 0.5) -> bool:
                 if not chunk:
                     return False
                 reply += chunk
-    except OSError:  # refused, reset, or timed out
+    except OSError:  # refused, reset, timed out, or a failed TLS handshake (ssl.SSLError)
         return False
     return reply.startswith(b"+PONG")
 
@@ -496,10 +512,14 @@ class RedisServer(ServerProcess):
     def log_file(self) -> Path:
         return self.directory / "redis.log"
 
+    def listen_args(self) -> list[str]:
+        """Where it listens: plain TCP on :attr:`port`."""
+        return ["--port", str(self.port)]
+
     def command(self) -> list[str]:
         return [
             self.executable,
-            "--port", str(self.port),
+            *self.listen_args(),
             "--bind", self.host,
             "--dir", str(self.directory),
             "--logfile", str(self.log_file),
@@ -518,3 +538,71 @@ class RedisServer(ServerProcess):
 
     def log_files(self) -> list[Path]:
         return [self.log_file]
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files for a TLS server and its clients (made by the caller, e.g. with trustme)."""
+
+    ca: Path  # the CA certificate that signed both certificates below
+    server_cert: Path
+    server_key: Path
+    client: Path  # the client's certificate chain and private key, in one file
+
+
+class RedisTLSServer(RedisServer):
+    """A :class:`RedisServer` that speaks TLS only (``--port 0``): ``rediss://`` URLs.
+
+    ``auth_clients`` is ``--tls-auth-clients``: ``"optional"`` (a client certificate is checked
+    if presented) or ``"yes"`` (required). Fails to start, loudly, if this redis-server was
+    built without TLS.
+
+    Usage::
+
+        with RedisTLSServer(files, auth_clients="yes") as redis:
+            url = redis.url  # "rediss://127.0.0.1:<port>/0"
+    """
+
+    def __init__(
+        self,
+        files: TLSFiles,
+        *,
+        auth_clients: str = "optional",
+        port: int | None = None,
+        args: Sequence[str] = (),
+        start_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(
+            port=port, args=args, start_timeout=start_timeout, stop_timeout=stop_timeout
+        )
+        self.files = files
+        self.auth_clients = auth_clients
+
+    @property
+    def url(self) -> str:
+        """``rediss://127.0.0.1:<port>/0``."""
+        return f"rediss://{self.host}:{self.port}/0"
+
+    def listen_args(self) -> list[str]:
+        files = self.files
+        return [
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(files.server_cert),
+            "--tls-key-file", str(files.server_key),
+            "--tls-ca-cert-file", str(files.ca),
+            "--tls-auth-clients", self.auth_clients,
+        ]  # fmt: skip
+
+    def client_context(self) -> ssl.SSLContext:
+        """A context that trusts the CA and presents the client certificate."""
+        context = ssl.create_default_context(cafile=str(self.files.ca))
+        context.load_cert_chain(str(self.files.client))
+        return context
+
+    def probe(self) -> bool:
+        return redis_ping(self.host, self.port, tls=self.client_context())
+
+    def ping(self, *, timeout: float = 0.5) -> bool:
+        return redis_ping(self.host, self.port, timeout=timeout, tls=self.client_context())

@@ -9,11 +9,13 @@ import asyncio
 import functools
 import math
 import os
+import re
 import sys
 
 import pytest
 
 import aiodlock
+from aiodlock.backends import parse_url
 
 pytestmark = pytest.mark.memory
 
@@ -52,6 +54,82 @@ def test_exception_tree() -> None:
 def test_bad_urls(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         aiodlock.connect(url)
+
+
+# Each URL hides a secret (user name or password) holding a special character that is not
+# percent-encoded, or is malformed elsewhere; no piece of the secret may reach a message.
+NASTY_URLS = [
+    ("redis://:Sc4rab#Ee1x@host:6379/0", "Sc4rab#Ee1x"),
+    ("redis://:Sc4rab?Ee1x@host:6379/0", "Sc4rab?Ee1x"),
+    ("redis://:Sc4rab/Ee1x@host:6379/0", "Sc4rab/Ee1x"),
+    ("redis://user:4711/Ee1x@host:6379/0", "4711/Ee1x"),  # was host "user", port 4711
+    ("redis://user:4711?Ee1x@host:6379/0", "4711?Ee1x"),  # was an option named "Ee1x@host..."
+    ("redis://user:4711#Ee1x@host:6379/0", "4711#Ee1x"),  # was host "user", port 4711
+    ("redis://Sc4rab#Ee1x:pw@host:6379/0", "Sc4rab#Ee1x"),  # the user name
+    ("redis://Sc4rab/Ee1x@host:6379/0", "Sc4rab/Ee1x"),
+    ("redis://:Sc4rab://Ee1x@host:6379/0", "Sc4rab://Ee1x"),
+    ("redis://:Sc4rab@Ee1x@host:abc/0", "Sc4rab@Ee1x"),  # "@" kept in the password
+    ("redis://:Sc4rab@Ee1x@host:/0", "Sc4rab@Ee1x"),  # no port digits
+    ("redis://:Sc4rab@Ee1x@[::1/0", "Sc4rab@Ee1x"),
+    ("redis://:Sc4rab@Ee1x@host:99999/0", "Sc4rab@Ee1x"),
+    ("redis:Sc4rab://Ee1x@host", "Sc4rab://Ee1x"),
+    ("redis//:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
+    ("mysql://app:Sc4rab/Ee1x@db:3306/shop", "Sc4rab/Ee1x"),
+    ("zookeeper://:Sc4rab?Ee1x@h1:2181,h2:2181/locks", "Sc4rab?Ee1x"),
+    ("etcd://app:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
+]
+
+
+def _pieces(secret: str) -> list[str]:
+    """The secret and every run of 3+ of its letters and digits (what a split URL shows)."""
+    return [secret, *(p for p in re.split(r"[^A-Za-z0-9]+", secret) if len(p) >= 3)]
+
+
+def _messages(exc: BaseException) -> str:
+    """``str`` and ``repr`` of ``exc`` and of every exception chained to it."""
+    seen: list[str] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 20:
+        seen += [str(current), repr(current)]
+        current = current.__cause__ or current.__context__
+    return "\n".join(seen)
+
+
+@pytest.mark.parametrize(("url", "secret"), NASTY_URLS)
+def test_no_piece_of_the_credentials_in_any_message(url: str, secret: str) -> None:
+    """Issue 12: an unencoded '#' in a password used to come back as "bad port 'Sc4rab'"."""
+    try:
+        parsed = parse_url(url)
+    except ValueError as exc:
+        _assert_hidden(secret, exc)
+        with pytest.raises(ValueError, match=re.escape(str(exc))) as info:  # parsed first
+            aiodlock.connect(url)
+        _assert_hidden(secret, info.value)
+    else:
+        # Accepted only where the whole secret is the password ("@" may stay unencoded).
+        assert parsed.password == secret
+        assert secret not in repr(parsed) and secret not in parsed.redacted()
+
+
+def _assert_hidden(secret: str, exc: BaseException) -> None:
+    shown = _messages(exc)
+    for piece in _pieces(secret):
+        assert piece not in shown, (piece, shown)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:a#b@h/0", "redis://u:1/x@h/0", "redis://:x@y@h:z/0", "redis:a://b@h"]
+)
+def test_malformed_url_says_to_percent_encode(url: str) -> None:
+    with pytest.raises(ValueError, match="must be percent-encoded"):
+        parse_url(url)
+
+
+def test_percent_encoded_credentials_are_decoded() -> None:
+    parsed = parse_url("redis://us%40er:a%23b%2Fc%3Fd%3Ae%40f@host:6379/0")
+    assert (parsed.username, parsed.password) == ("us@er", "a#b/c?d:e@f")
+    assert (parsed.hosts, parsed.path) == ((("host", 6379),), "/0")
+    assert "a#b" not in repr(parsed) and "a#b" not in parsed.redacted()
 
 
 def test_url_type() -> None:

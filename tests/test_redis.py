@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiodlock
-from aiodlock.backends import parse_url
+from aiodlock.backends import parse_url, schemes
 from tests.helpers import eventually, wait_until
 
 if TYPE_CHECKING:
@@ -469,3 +470,13 @@ def test_password_never_shown() -> None:
     with pytest.raises(ValueError, match="unknown URL scheme") as info2:
         aiodlock.connect("bogus://user:s3cret@h")
     assert "s3cret" not in str(info2.value)
+
+
+def test_several_hosts_name_nothing_that_does_not_exist() -> None:
+    """The hint used to send users to a redlock:// scheme that no backend registers."""
+    with pytest.raises(ValueError, match="takes one host, got 2") as info:
+        aiodlock.connect("redis://h1:6379,h2:6379/0")
+    message = str(info.value)
+    assert "not supported" in message
+    for scheme in re.findall(r"(\w+)://", message):
+        assert scheme in schemes(), message

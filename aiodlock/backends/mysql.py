@@ -65,6 +65,7 @@ from .._exceptions import BackendError, UnsupportedError
 from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
+from ._no_tls import NO_TLS_OPTIONS, refuse_tls
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
 
 if TYPE_CHECKING:
@@ -205,9 +206,11 @@ class MySQLBackend:
         "max_idle": int,
         "fence_table": str,
         "unix_socket": str,
+        **NO_TLS_OPTIONS,  # refused: not supported yet (see docs/mysql.md)
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        refuse_tls(url.scheme, options, "docs/mysql.md")
         if len(url.hosts) > 1:
             raise ValueError(f"mysql:// takes one host, got {len(url.hosts)}")
         host, port = url.hosts[0] if url.hosts else ("localhost", None)

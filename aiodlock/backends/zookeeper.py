@@ -111,6 +111,7 @@ from typing import Any, ClassVar, Final
 from .._exceptions import BackendError
 from .._url import ParsedURL
 from .._validate import check_seconds
+from ._no_tls import NO_TLS_OPTIONS, refuse_tls
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
 from ._wakeup import BankedWakeup
 from ._zk_session import (
@@ -365,9 +366,11 @@ class ZooKeeperBackend:
         "connect_timeout": float,
         "suspended_grace": float,
         "request_timeout": float,
+        **NO_TLS_OPTIONS,  # refused: aiozk has no TLS
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
+        refuse_tls(url.scheme, options, "docs/zookeeper.md")
         if url.username or url.password:
             raise ValueError(
                 f"{url.redacted()}: zookeeper:// URLs take no credentials "

@@ -123,12 +123,18 @@ class RedisBackend:
     ``db`` (for ``unix://``; ``redis://host/N`` carries it in the path), and ``fence_ttl``
     (seconds a lock name's fencing counter outlives its last grant, default 7 days; 0 keeps
     it forever: a counter that is gone restarts from the server clock, see :mod:`._keys`).
+    ``rediss://`` takes redis-py's TLS options ``ssl_ca_certs``, ``ssl_certfile``,
+    ``ssl_keyfile``, ``ssl_cert_reqs`` and ``ssl_check_hostname``; ``redis_client`` (keyword
+    only) is an application's ``redis.asyncio.Redis``, whose pool is used and never closed.
 
     Example::
 
         async with aiodlock.connect("redis://localhost:6379/0?wakeup=pubsub") as locks:
             async with locks.lock("order:42", ttl=10) as lease:
                 print(lease.fencing_token)
+
+        async with aiodlock.connect("rediss://cache:6380/0?ssl_ca_certs=/etc/ssl/ca.pem"):
+            ...
     """
 
     queues_on_busy: ClassVar[bool] = False  # only fair locks queue, and spec.fair says so

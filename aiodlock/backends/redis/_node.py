@@ -18,6 +18,14 @@ gives up while its command is in flight leaves it to finish, because redis-py dr
 connection whose reply it stops reading, and under a storm of timeouts every command queued
 behind it would then wait for reconnects.
 
+**TLS** (``rediss://``) is redis-py's own: the ``ssl_*`` options are :class:`SSLConnection`'s
+keyword arguments, passed on as they are, except that certificates and host names are always
+checked unless the options say otherwise (redis-py before 6 did not check host names).
+
+**A client of the application's** (``redis_client=``): its connection pool carries the
+commands and the side connections are made from that pool's settings; :meth:`NodeSource.aclose`
+leaves the pool open, for its owner to close.
+
 Example::
 
     source = NodeSource(parse_url("rediss://:secret@cache.internal:6380/2"), {"max_connections": 4})
@@ -28,17 +36,24 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, TypeVarTuple
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.connection import (
+    Connection,
+    RedisSSLContext,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from ..._exceptions import BackendError
-from ..._validate import check_seconds
+from ..._validate import check_bool, check_seconds
 from ._deadlines import Deadlines
 from ._errors import ErrorMap
 from ._slots import Slots
@@ -59,6 +74,15 @@ _DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 _DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 _DEFAULT_MAX_CONNECTIONS: Final = 2
 _CLIENT_NAME: Final = "aiodlock"
+# rediss:// only. The names are redis-py's SSLConnection keyword arguments, passed on as given.
+TLS_OPTIONS: Final[Mapping[str, type]] = {
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_cert_reqs": str,
+    "ssl_check_hostname": bool,
+}
+_CERT_REQS: Final = ("none", "optional", "required")
 
 
 class NodeSource:
@@ -66,8 +90,10 @@ class NodeSource:
 
     Options: ``connect_timeout`` (seconds, default 5; bounds connecting, AUTH and the first
     PING), ``socket_timeout`` (seconds, default 5; bounds each command), ``max_connections``
-    (command connections, default 2: commands queue for a free one) and ``db`` (for
-    ``unix://``; ``redis://host/N`` carries it in the path).
+    (command connections, default 2: commands queue for a free one), ``db`` (for
+    ``unix://``; ``redis://host/N`` carries it in the path), the TLS options of ``rediss://``
+    (:data:`TLS_OPTIONS`), and ``redis_client``: a ``redis.asyncio.Redis`` of the
+    application's, whose pool carries the commands (the URL is then just ``redis://``).
     """
 
     options: ClassVar[Mapping[str, type]] = {
@@ -75,6 +101,8 @@ class NodeSource:
         "socket_timeout": float,
         "max_connections": int,
         "db": int,
+        **TLS_OPTIONS,
+        "redis_client": object,
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
@@ -92,10 +120,22 @@ class NodeSource:
 
         self.connect_timeout: float = connect_timeout
         self.socket_timeout: float = socket_timeout
-        self._where = url.redacted()
-        self._secret = url.password
         self._max_connections = max_connections
-        self._conn_class, self._conn_kwargs = _connection_settings(url, options, connect_timeout)
+        # The application's pool, if it gave us a client: used, never closed.
+        self._given_pool: aioredis.ConnectionPool | None = None
+        given = options.get("redis_client")
+        if given is None:
+            self._where = url.redacted()
+            self._secret = url.password
+            self._conn_class, self._conn_kwargs = _connection_settings(
+                url, options, connect_timeout
+            )
+        else:
+            pool = self._given_pool = _given_pool(given, url, options)
+            self._where = _pool_where(pool)
+            self._secret = pool.connection_kwargs.get("password")
+            self._conn_class = pool.connection_class
+            self._conn_kwargs = _side_settings(pool, connect_timeout)
         self._client: aioredis.Redis | None = None
         self._closed = False
         self._slots: Slots[_Queued[Any]] = Slots(max_connections)
@@ -115,12 +155,16 @@ class NodeSource:
         """Connect and PING, then ``prepare(client)``, all within ``connect_timeout``."""
         if self._client is not None or self._closed:
             raise RuntimeError("a NodeSource is opened once")
-        pool = aioredis.ConnectionPool(
-            max_connections=self._max_connections,
-            connection_class=self._conn_class,
-            **self._conn_kwargs,
-        )
-        client = aioredis.Redis.from_pool(pool)
+        if self._given_pool is not None:
+            # A client of our own on the application's pool: closing it leaves the pool open.
+            client = aioredis.Redis(connection_pool=self._given_pool)
+        else:
+            pool = aioredis.ConnectionPool(
+                max_connections=self._max_connections,
+                connection_class=self._conn_class,
+                **self._conn_kwargs,
+            )
+            client = aioredis.Redis.from_pool(pool)  # closing it closes the pool
         try:
             with self.errors("connect"):
                 async with asyncio.timeout(self.connect_timeout):
@@ -140,7 +184,7 @@ class NodeSource:
         """Refuse new commands, wait for those in flight (within ``socket_timeout``), close.
 
         Idempotent. Commands in flight finish before the pool closes, so no connection is
-        reopened behind our back.
+        reopened behind our back. The pool of a ``redis_client`` is left open.
         """
         if self._closed:
             return
@@ -333,6 +377,7 @@ def _connection_settings(
     connect_timeout: float,
 ) -> tuple[type[AbstractConnection], dict[str, Any]]:
     """redis-py connection class and keyword arguments for ``url`` (validated here)."""
+    _refuse_tls_options(url, options)
     common: dict[str, Any] = {
         "username": url.username,
         "password": url.password,
@@ -358,8 +403,8 @@ def _connection_settings(
         return UnixDomainSocketConnection, common
     if len(url.hosts) > 1:
         raise ValueError(
-            f"{url.scheme}:// takes one host, got {len(url.hosts)}; "
-            "use redlock:// for several independent masters"
+            f"{url.scheme}:// takes one host, got {len(url.hosts)}; several hosts (Redis "
+            "Sentinel, Redis Cluster, Redlock over independent masters) are not supported yet"
         )
     host, port = url.hosts[0] if url.hosts else ("localhost", None)
     path = url.path.strip("/")
@@ -370,8 +415,105 @@ def _connection_settings(
     common["port"] = port or _DEFAULT_PORT
     common["socket_keepalive"] = True
     if url.scheme == "rediss":
-        return SSLConnection, common
+        return SSLConnection, {**common, **_tls_settings(options)}
     return Connection, common
+
+
+def _tls_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """SSLConnection's keyword arguments from the TLS options, checked now, not at connect.
+
+    Certificates and host names are checked unless the options say otherwise: redis-py's own
+    defaults differ between versions (before 6 it did not check host names).
+    """
+    settings: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        value = options.get(key)
+        if value is not None:
+            if not isinstance(value, str | os.PathLike):
+                raise TypeError(f"option {key} must be a file path, not {type(value).__name__}")
+            path = settings[key] = os.fspath(value)
+            # Now rather than as "No such file or directory" at connect, which names no file.
+            if not os.path.isfile(path):
+                raise ValueError(f"option {key}: no such file: {path!r}")
+    if "ssl_keyfile" in settings and "ssl_certfile" not in settings:
+        raise ValueError("option ssl_keyfile needs ssl_certfile (the client certificate)")
+    reqs = options.get("ssl_cert_reqs")
+    if reqs is not None:
+        if reqs not in _CERT_REQS:
+            raise ValueError(
+                f"option ssl_cert_reqs must be one of {', '.join(map(repr, _CERT_REQS))}, "
+                f"not {reqs!r}"
+            )
+        settings["ssl_cert_reqs"] = reqs
+    check = options.get("ssl_check_hostname")
+    if check is not None:
+        settings["ssl_check_hostname"] = check_bool(check, argument="option ssl_check_hostname")
+    try:  # what SSLConnection builds from them, so its own checks run now, not at connect
+        RedisSSLContext(
+            keyfile=settings.get("ssl_keyfile"),
+            certfile=settings.get("ssl_certfile"),
+            cert_reqs=settings["ssl_cert_reqs"],
+            ca_certs=settings.get("ssl_ca_certs"),
+            check_hostname=settings["ssl_check_hostname"],
+        )
+    except RedisError as exc:
+        raise ValueError(f"bad TLS options: {exc}") from None
+    return settings
+
+
+def _refuse_tls_options(url: ParsedURL, options: Mapping[str, Any]) -> None:
+    given = sorted(key for key in TLS_OPTIONS if options.get(key) is not None)
+    if given and url.scheme != "rediss":
+        raise ValueError(
+            f"option {', '.join(given)} is for TLS, which needs a rediss:// url; "
+            f"{url.scheme}:// connects without TLS"
+        )
+
+
+def _given_pool(
+    client: object, url: ParsedURL, options: Mapping[str, Any]
+) -> aioredis.ConnectionPool:
+    """The pool of the application's ``client``, once nothing else says how to connect."""
+    if not isinstance(client, aioredis.Redis):
+        raise TypeError(
+            f"option redis_client must be a redis.asyncio.Redis, not {type(client).__name__}"
+        )
+    if url.hosts or url.username or url.password or url.path.strip("/"):
+        raise ValueError(
+            f"redis_client comes with its own server, database and credentials: "
+            f"give the url as just {url.scheme}://, not {url.redacted()}"
+        )
+    settings = sorted(key for key in ("db", *TLS_OPTIONS) if options.get(key) is not None)
+    if settings:
+        raise ValueError(
+            f"option {', '.join(settings)} cannot be combined with redis_client: "
+            "configure that client instead"
+        )
+    return client.connection_pool
+
+
+def _side_settings(pool: aioredis.ConnectionPool, connect_timeout: float) -> dict[str, Any]:
+    """Side connections (pub/sub, BLPOP) on the server of ``pool``: its connection settings,
+    with what aiodlock's own connections need (see :func:`_connection_settings`)."""
+    return {
+        **pool.connection_kwargs,
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "protocol": 2,
+        "decode_responses": False,
+        "client_name": _CLIENT_NAME,
+    }
+
+
+def _pool_where(pool: aioredis.ConnectionPool) -> str:
+    """The server of ``pool`` for messages, without credentials."""
+    kwargs = pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={db}"
+    scheme = "rediss" if issubclass(pool.connection_class, SSLConnection) else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', _DEFAULT_PORT)}/{db}"
 
 
 def _check_db(value: object) -> int:
