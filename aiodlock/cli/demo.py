@@ -41,9 +41,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TextIO
-from urllib.parse import unquote, urlsplit
 
 import aiodlock
+from aiodlock.backends import parse_url
 
 from ._stock import MemoryStock, RedisStock, StockStore, Totals
 
@@ -203,12 +203,7 @@ class Report:
 
 def shown_url(url: str) -> str:
     """``url`` as the report shows it: any password as ``***``, no query options."""
-    scheme, _, rest = url.partition("://")
-    parts = urlsplit("x://" + rest)  # several comma-separated hosts: keep the netloc as is
-    auth, at, hosts = parts.netloc.rpartition("@")
-    user, _, password = auth.partition(":")
-    shown_auth = unquote(user) + (":***" if password else "") + at if user or password else ""
-    return f"{scheme.lower()}://{shown_auth}{hosts}{unquote(parts.path)}"
+    return parse_url(url).redacted()
 
 
 class DemoError(Exception):
