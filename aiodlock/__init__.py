@@ -14,6 +14,7 @@ the service instead of sleep-polling::
 from ._client import ClientStatistics as ClientStatistics, LockClient as LockClient, connect
 from ._exceptions import (
     BackendError as BackendError,
+    LimitMismatchError as LimitMismatchError,
     LockError as LockError,
     LockLostError as LockLostError,
     LockNotOwnedError as LockNotOwnedError,
@@ -43,6 +44,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "ClientStatistics",
     "FencingGuard",
     "Lease",
+    "LimitMismatchError",
     "Lock",
     "LockClient",
     "LockError",

@@ -8,6 +8,7 @@ Every error the library raises on purpose is one of these::
      ├── LockNotOwnedError     release() of a lease that was already lost or released elsewhere
      ├── StaleTokenError       a FencingGuard refused a fencing token older than one it has seen
      ├── UnsupportedError      the backend lacks a capability; raised when the lock object is built
+     ├── LimitMismatchError    (also a ValueError)  a semaphore is in use with another `limit`
      └── BackendError          the coordination service failed; the driver's exception is chained
 
 Bad arguments are ordinary ``ValueError`` / ``TypeError`` naming the argument; a missing
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "LimitMismatchError",
     "LockError",
     "LockLostError",
     "LockNotOwnedError",
@@ -62,6 +64,29 @@ class UnsupportedError(LockError):
     Raised when the lock object is built (``locks.read_lock(...)``), never later in
     ``acquire()``, so an unsupported combination fails at the first line that names it.
     """
+
+
+class LimitMismatchError(LockError, ValueError):
+    """A semaphore was asked for with a ``limit`` other than the one its holders use.
+
+    Raised from ``acquire()`` (or ``async with``): the service refused the permit, and nothing
+    of this attempt is left behind. It is a programming error — every client must use the same
+    ``limit`` for a name — so it is also a :class:`ValueError`, never a
+    :class:`BackendError`. Once every permit of the name is released, a new limit is accepted.
+    ``in_use`` is the holders' limit, ``requested`` this caller's.
+    """
+
+    def __init__(self, name: str, in_use: int, requested: int) -> None:
+        super().__init__(
+            f"semaphore {name!r} is in use with limit {in_use}; this one asks for limit "
+            f"{requested}"
+        )
+        self.name = name
+        self.in_use = in_use
+        self.requested = requested
+
+    def __reduce__(self) -> tuple[type[LimitMismatchError], tuple[str, int, int]]:
+        return (type(self), (self.name, self.in_use, self.requested))
 
 
 class BackendError(LockError):

@@ -361,9 +361,11 @@ class WriteLock(BaseLock):
 class Semaphore(BaseLock):
     """Up to ``limit`` concurrent holders, each with its own lease and fencing token.
 
-    Every client must use the same ``limit`` for a name. Like :class:`asyncio.Semaphore`, but
-    a crashed holder's permit comes back when its lease expires. Within one client, waiting
-    tasks take turns in arrival order (one of them waits at the service at a time).
+    Every client must use the same ``limit`` for a name: while permits are held, ``acquire()``
+    with another limit raises :class:`~aiodlock.LimitMismatchError`. Like
+    :class:`asyncio.Semaphore`, but a crashed holder's permit comes back when its lease expires.
+    Within one client, waiting tasks take turns in arrival order (one of them waits at the
+    service at a time).
 
     Example::
 

@@ -31,6 +31,13 @@ def test_all_is_sorted_and_complete() -> None:
 
 def test_exception_tree() -> None:
     assert issubclass(aiodlock.LockTimeoutError, TimeoutError)
+    # A mismatched semaphore limit is a programming error: catchable as one, never a
+    # BackendError that retry or outage handling would swallow.
+    assert issubclass(aiodlock.LimitMismatchError, ValueError)
+    assert not issubclass(aiodlock.LimitMismatchError, aiodlock.BackendError)
+    error = aiodlock.LimitMismatchError("pool", 2, 5)
+    assert str(error) == "semaphore 'pool' is in use with limit 2; this one asks for limit 5"
+    assert (error.name, error.in_use, error.requested) == ("pool", 2, 5)
     for exc in (
         aiodlock.LockTimeoutError,
         aiodlock.LockLostError,
@@ -38,6 +45,7 @@ def test_exception_tree() -> None:
         aiodlock.UnsupportedError,
         aiodlock.BackendError,
         aiodlock.StaleTokenError,
+        aiodlock.LimitMismatchError,
     ):
         assert issubclass(exc, aiodlock.LockError)
 

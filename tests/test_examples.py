@@ -10,12 +10,13 @@ run too, so the README cannot rot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 import aiodlock
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -281,7 +283,7 @@ def test_rwlock_example() -> None:
 def test_fastapi_example_script() -> None:
     stdout = succeeded(run("examples/fastapi_app.py"))
     assert "statuses [200]" in stdout
-    assert "order 42 has 50 items (expected 50)" in stdout
+    assert "order 42 got 50 items (expected 50)" in stdout
     assert "50 distinct fencing tokens" in stdout
 
 
@@ -292,7 +294,7 @@ def test_fastapi_example_script() -> None:
         ("worker.py", "nightly-report: 8 runs"),
         ("semaphore.py", "max concurrency observed: 3"),
         ("rwlock.py", "writer overlapped a reader or a writer: 0 times"),
-        ("fastapi_app.py", "order 42 has 50 items (expected 50)"),
+        ("fastapi_app.py", "order 42 got 50 items (expected 50)"),
     ],
 )
 def test_examples_on_redis(redis_url: str, example: str, expected: str) -> None:
@@ -347,13 +349,114 @@ async def test_fastapi_app_serialises_updates_to_one_order(fastapi_app: ModuleTy
     assert "closed" in repr(locks)  # the lifespan closed the client
 
 
+async def check_stale_token_refused(orders: Any, order: type[Any], order_id: int) -> None:
+    await orders.save(order_id, order(items=1, fencing_token=5))
+    with pytest.raises(aiodlock.StaleTokenError, match=r"token 4 < stored 5"):
+        await orders.save(order_id, order(items=2, fencing_token=4))
+    assert await orders.load(order_id) == order(items=1, fencing_token=5)
+    await orders.aclose()
+
+
 @pytest.mark.memory
 async def test_fastapi_app_refuses_a_stale_token(fastapi_app: ModuleType) -> None:
-    table = fastapi_app.OrderTable()
-    await table.save(1, fastapi_app.Order(items=1), fencing_token=5)
-    with pytest.raises(aiodlock.StaleTokenError, match=r"token 4 < stored 5"):
-        await table.save(1, fastapi_app.Order(items=2), fencing_token=4)
-    assert (await table.load(1)).items == 1
+    await check_stale_token_refused(fastapi_app.MemoryOrders(), fastapi_app.Order, 1)
+
+
+@pytest.mark.redis
+async def test_fastapi_app_refuses_a_stale_token_in_redis(
+    fastapi_app: ModuleType, redis_url: str
+) -> None:
+    orders = fastapi_app.open_orders(redis_url)
+    assert isinstance(orders, fastapi_app.RedisOrders)
+    await check_stale_token_refused(orders, fastapi_app.Order, random_order_id())
+
+
+def random_order_id() -> int:
+    """An order no other test (or earlier run on the same Redis) has touched."""
+    return int.from_bytes(os.urandom(6), "big")
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_workers(url: str, workers: int) -> AsyncIterator[str]:
+    """``uvicorn examples.fastapi_app:app --workers N`` on a free port: its base URL, once it
+    answers; stopped (and its workers with it) on exit."""
+    port = free_port()
+    command = ["-m", "uvicorn", "examples.fastapi_app:app", "--port", str(port)]
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *command,
+        "--workers",
+        str(workers),
+        cwd=ROOT,
+        env={**os.environ, "AIODLOCK_URL": url},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base) as client, asyncio.timeout(TIMEOUT):
+            while server.returncode is None:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/orders/0")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        assert server.returncode is None, "uvicorn exited before it served"
+        yield base
+    finally:
+        if server.returncode is None:
+            server.terminate()  # uvicorn's supervisor stops its workers, then itself
+        _, err = await asyncio.wait_for(server.communicate(), TIMEOUT)
+        if server.returncode not in (0, -15):
+            pytest.fail(f"uvicorn exited with {server.returncode}:\n{err.decode()[-2000:]}")
+
+
+@pytest.mark.redis
+async def test_fastapi_app_is_exact_under_two_workers(redis_url: str) -> None:
+    """Two uvicorn worker processes share the locks and the orders (in Redis): 50 concurrent
+    POSTs land exactly 50 items, and every worker answers GET with the same order."""
+    order = f"/orders/{random_order_id()}"
+    async with uvicorn_workers(redis_url, workers=2) as base:
+        limits = httpx.Limits(max_connections=50)
+        async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+            posts = await asyncio.gather(*(client.post(f"{order}/items") for _ in range(50)))
+        assert [p.status_code for p in posts] == [200] * 50
+        assert sorted(p.json()["items"] for p in posts) == list(range(1, 51))
+        reads = []
+        for _ in range(40):  # a new connection each: the workers take turns accepting
+            async with httpx.AsyncClient(base_url=base) as client:
+                reads.append((await client.get(order)).json())
+    assert len({read["worker"] for read in reads}) == 2, "one worker answered every GET"
+    assert {(r["items"], r["fencing_token"]) for r in reads} == {
+        (50, max(p.json()["fencing_token"] for p in posts))
+    }
+
+
+@pytest.mark.redis
+async def test_fastapi_app_answers_503_while_redis_is_down(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis outage is a 503 with Retry-After on every route (one log line each), not a
+    500; once Redis is back, the app serves again."""
+    from tests.servers import RedisServer
+
+    with RedisServer() as redis:
+        monkeypatch.setenv("AIODLOCK_URL", redis.url)
+        (module,) = load_module(EXAMPLES / "fastapi_app.py", "aiodlock_example_fastapi_outage")
+        app: Any = module.app
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+        ):
+            assert (await client.post("/orders/5/items")).status_code == 200
+            redis.stop()
+            answers = [await client.post("/orders/5/items"), await client.get("/orders/5")]
+            for answer in answers:
+                assert answer.status_code == 503, answer.text
+                assert answer.headers["Retry-After"] == "1"
+            assert [r.levelname for r in caplog.records if r.name == "orders"] == ["WARNING"] * 2
+            redis.start()
+            assert (await client.post("/orders/5/items")).status_code == 200
 
 
 # ---------------------------------------------------------------------- README.md

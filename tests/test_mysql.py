@@ -448,6 +448,50 @@ async def test_fencing_table_is_created_on_first_use(
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
 
 
+async def test_fencing_table_without_sem_limit_gets_the_column(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """A fence table made before semaphore limits were recorded is upgraded on first use;
+    its rows and tokens are kept."""
+    table = f"fence_{uuid.uuid4().hex[:12]}"
+    await probe.rows(
+        f"CREATE TABLE {table} (lock_key BINARY(32) NOT NULL PRIMARY KEY, "
+        "lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL, token BIGINT UNSIGNED NOT NULL)"
+    )
+    try:
+        async with (
+            connect(mysql_url, ns, fence_table=table) as a,
+            connect(mysql_url, ns, fence_table=table) as b,
+        ):
+            async with a.lock("t") as first:
+                pass
+            async with a.semaphore("t", limit=2) as lease:
+                assert lease.fencing_token == first.fencing_token + 1
+                with pytest.raises(aiodlock.LimitMismatchError, match="limit 2"):
+                    await b.semaphore("t", limit=3).acquire(timeout=2)
+        # The refused attempt took a slot and a token before its check: tokens only increase.
+        assert await probe.rows(f"SELECT token, sem_limit FROM {table}") == [(3, 2)]
+    finally:
+        await probe.rows(f"DROP TABLE IF EXISTS {table}")
+
+
+async def test_killed_holders_limit_is_stale_and_replaced(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """The recorded limit outlives a killed holder's session, but with no slot of it taken
+    any more it is stale: a new limit replaces it (and is then enforced)."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        old = await a.semaphore("pool", limit=2).acquire()
+        with pytest.raises(aiodlock.LimitMismatchError):
+            await b.semaphore("pool", limit=1).acquire(timeout=2)  # its only slot is taken
+        await probe.kill((await probe.user_locks(ns))[lock_name(ns, "s", "pool", 0)])
+        await asyncio.wait_for(old.lost.wait(), 2)
+        async with b.semaphore("pool", limit=1, timeout=2):
+            with pytest.raises(aiodlock.LimitMismatchError, match="asks for limit 2"):
+                await a.semaphore("pool", limit=2).acquire(timeout=2)
+    assert await probe.leftovers(ns) == []
+
+
 # ---------------------------------------------------------------------- URL and options
 
 

@@ -480,3 +480,30 @@ def test_several_hosts_name_nothing_that_does_not_exist() -> None:
     assert "not supported" in message
     for scheme in re.findall(r"(\w+)://", message):
         assert scheme in schemes(), message
+
+
+async def test_semaphore_limit_key_lives_exactly_as_long_as_the_permits(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """``T:sem:limit`` expires with ``T:sem`` (renewals move both), the last release deletes
+    it, and a crashed holder's limit runs out with its permit: a new limit is accepted then."""
+    sem, limit = "{semlimit:pool}:sem", "{semlimit:pool}:sem:limit"
+    async with aiodlock.connect(redis_url, namespace="semlimit") as locks:
+        first = await locks.semaphore("pool", limit=2, ttl=5).acquire()
+        second = await locks.semaphore("pool", limit=2, ttl=60).acquire()
+        assert await raw.get(limit) == b"2"
+        assert await raw.pexpiretime(limit) == await raw.pexpiretime(sem)
+        await second.release()  # the latest permit left: both now expire with the first
+        assert await raw.pexpiretime(limit) == await raw.pexpiretime(sem)
+        assert 0 < await raw.pttl(limit) <= 5000
+        await first.release()
+        assert await raw.exists(sem, limit) == 0
+        crashed = await locks.semaphore("pool", limit=2, ttl=0.3).acquire()
+        locks.abandon(crashed)  # never renewed, never released
+        with pytest.raises(aiodlock.LimitMismatchError):
+            await locks.semaphore("pool", limit=4).try_acquire()
+        await asyncio.sleep(0.4)  # the crashed permit's lease runs out
+        async with locks.semaphore("pool", limit=4, timeout=3) as lease:
+            assert lease.fencing_token > crashed.fencing_token
+            assert await raw.get(limit) == b"4"
+    assert await raw.exists(sem, limit) == 0

@@ -4,7 +4,8 @@
 each other like two processes would on a server); ``memory://NAME`` is a separate named
 store. Leases expire on the event loop's clock exactly as they would on Redis, fencing tokens
 come from a per-name counter, waiters are woken directly (one per release, all for a writer's
-release), and fair locks hand over in arrival order.
+release), and fair locks hand over in arrival order. A semaphore remembers the limit of its
+holders and refuses another one (:class:`~aiodlock.LimitMismatchError`) until they are gone.
 
 It is a product feature — embedded default, examples, and unit tests of your own code — and
 carries the optional operations an operator (and a fault-injection test) uses:
@@ -27,6 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from .._exceptions import LimitMismatchError
 from .._url import ParsedURL
 from ._protocol import (
     Busy,
@@ -69,6 +71,7 @@ class _Entry:
     holders: dict[str, _Holder] = field(default_factory=dict)
     queue: dict[str, float] = field(default_factory=dict)  # fair: owner -> liveness deadline
     waiters: list[_MemoryWaiter] = field(default_factory=list)
+    limit: int = 0  # semaphore: the limit its holders use (meaningful while it has holders)
 
     def empty(self) -> bool:
         return not (self.holders or self.queue or self.waiters)
@@ -165,6 +168,8 @@ class MemoryBackend:
         key = self._key(spec)
         entry = self._store.entries.setdefault(key, _Entry())
         entry.purge(now)
+        if spec.kind is Kind.SEMAPHORE:
+            self._check_limit(entry, spec)
         blockers = self._blockers(entry, spec)
         if spec.fair:
             ahead = next(iter(entry.queue), owner)
@@ -175,6 +180,7 @@ class MemoryBackend:
         if not blockers:
             entry.queue.pop(owner, None)
             entry.holders[owner] = _Holder(spec.kind, now + ttl)
+            entry.limit = spec.limit
             fence_key = (spec.namespace, spec.name)
             token = self._store.fences.get(fence_key, 0) + 1
             self._store.fences[fence_key] = token
@@ -284,6 +290,12 @@ class MemoryBackend:
     @staticmethod
     def _key(spec: LockSpec) -> tuple[str, str, str]:
         return (spec.namespace, spec.name, _family(spec.kind))
+
+    @staticmethod
+    def _check_limit(entry: _Entry, spec: LockSpec) -> None:
+        """Refuse a semaphore limit other than its live holders' (they would over-grant)."""
+        if entry.holders and entry.limit != spec.limit:
+            raise LimitMismatchError(spec.name, entry.limit, spec.limit)
 
     @staticmethod
     def _blockers(entry: _Entry, spec: LockSpec) -> list[float]:

@@ -41,8 +41,11 @@ option) is created on first use.
 in order and stops at the first one it gets (``CASE WHEN GET_LOCK(slot0, 0) = 1 THEN 0 WHEN
 ...``); a waiter waits on one slot per slice, starting from one chosen by its owner id and
 moving on each slice, so it is woken at once when *that* slot frees and re-tries all of them
-at least every ``wait_slice``. Reader/writer and fair locks are not offered (``GET_LOCK`` has
-no shared mode and no documented FIFO order): they raise ``UnsupportedError`` when built.
+at least every ``wait_slice``. The fencing row records the limit its holders use
+(``sem_limit``); a slot taken with another limit while they hold is given back and
+:class:`~aiodlock.LimitMismatchError` raised (see :meth:`MySQLBackend._claim_limit`).
+Reader/writer and fair locks are not offered (``GET_LOCK`` has no shared mode and no
+documented FIFO order): they raise ``UnsupportedError`` when built.
 
 **Failures.** Every aiomysql exception is translated to :class:`~aiodlock.BackendError`,
 chained. A keep-alive that fails because the connection is gone reports the lease lost (the
@@ -61,7 +64,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
-from .._exceptions import BackendError, UnsupportedError
+from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
@@ -88,16 +91,28 @@ _PING_AFTER_IDLE: Final = 2.0
 """Seconds idle after which a pooled connection is pinged (``reconnect=False``) before use."""
 _MAX_WAIT_TIMEOUT: Final = 31_536_000  # the server's upper bound for wait_timeout
 _ER_NO_SUCH_TABLE: Final = 1146
+_ER_BAD_FIELD: Final = 1054  # a fence table made before sem_limit existed
+_ER_DUP_FIELDNAME: Final = 1060  # another client added the column first
 _ER_NO_SUCH_THREAD: Final = 1094
 
 _FENCE_DDL: Final = """CREATE TABLE IF NOT EXISTS {table} (
     lock_key BINARY(32) NOT NULL PRIMARY KEY COMMENT 'sha256(namespace NUL name)',
     lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL COMMENT 'readable, for operators',
-    token BIGINT UNSIGNED NOT NULL COMMENT 'last fencing token handed out'
+    token BIGINT UNSIGNED NOT NULL COMMENT 'last fencing token handed out',
+    {limit_column}
 ) ENGINE=InnoDB COMMENT='aiodlock fencing tokens: one row per lock name'"""
+_LIMIT_COLUMN: Final = (
+    "sem_limit SMALLINT UNSIGNED NULL COMMENT 'the limit of the semaphore holders, if any'"
+)
 _FENCE_BUMP: Final = (
     "INSERT INTO {table} (lock_key, lock_name, token) VALUES (X'{key}', '{label}', "
     "LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
+)
+# A semaphore's bump also records its limit on first use (a row without one).
+_SEM_FENCE_BUMP: Final = (
+    "INSERT INTO {table} (lock_key, lock_name, token, sem_limit) VALUES (X'{key}', '{label}', "
+    "LAST_INSERT_ID(1), {limit}) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), "
+    "sem_limit = IFNULL(sem_limit, {limit})"
 )
 
 
@@ -355,14 +370,24 @@ class MySQLBackend:
                     acq.conn = await self._checkout()
                 acq.held = await self._get_now(spec, acq.conn)
                 if acq.held is None:
+                    # Every slot of ours is taken: by holders of another limit? Then say so
+                    # now, instead of waiting for a slot (with a lower limit, forever).
+                    in_use = await self._limit_in_use(spec, acq.conn)
                     if not waiting:
                         del self._acqs[ident]
                         self._checkin(acq.conn)
                         acq.conn = None
+                    if in_use is not None:
+                        raise LimitMismatchError(spec.name, in_use, spec.limit)
                     return Busy(None)
             # The session holds the lock now (just taken, or granted inside a wait).
             assert acq.conn is not None
             token = await self._bump_fence(spec, acq.conn, ttl)
+            in_use = None
+            if spec.kind is Kind.SEMAPHORE:
+                in_use = await self._claim_limit(spec, acq.conn)
+        except LimitMismatchError:
+            raise  # refused holding nothing; a waiter's connection goes back with its waiter
         except BaseException as exc:
             # Outcome unknown (cancelled, connection lost): close the session, which frees
             # anything it held, so no orphan lock remains whatever happened on the server.
@@ -370,6 +395,12 @@ class MySQLBackend:
             if not waiting:
                 self._acqs.pop(ident, None)
             self._raise_translated(exc, f"acquire of {spec.name!r}")
+        if in_use is not None:
+            # Give the slot back at once (a waiter's acquisition is left to its waiter).
+            if not waiting:
+                del self._acqs[ident]
+            await self._retire(acq)
+            raise LimitMismatchError(spec.name, in_use, spec.limit)
         acq.granted = True
         acq.event = acq.conn.lease_event = asyncio.Event()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
@@ -489,23 +520,97 @@ class MySQLBackend:
         if conn.wait_timeout != wanted:
             await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
             conn.wait_timeout = wanted
-        sql = _FENCE_BUMP.format(
+        bump = _SEM_FENCE_BUMP if spec.kind is Kind.SEMAPHORE else _FENCE_BUMP
+        sql = bump.format(
             table=self._table,
             key=fence_key(spec.namespace, spec.name).hex(),
             label=lock_name(spec.namespace, "f", spec.name),
+            limit=spec.limit,
         )
         try:
             _, token = await conn.query(
-                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE,)
+                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
             )
         except DRIVER_ERRORS as exc:
-            if error_code(exc) != _ER_NO_SUCH_TABLE:
+            if error_code(exc) not in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD):
                 raise
-            await conn.query(_FENCE_DDL.format(table=self._table), timeout=self._query_timeout)
+            await self._upgrade_fence_table(conn, error_code(exc))
             _, token = await conn.query(sql, timeout=self._query_timeout)
         if token < 1:
             raise BackendError(f"{self._where}: the fencing bump returned no token")
         return token
+
+    async def _upgrade_fence_table(self, conn: Conn, code: int | None) -> None:
+        """Create the fence table, or add the ``sem_limit`` column to one made before it."""
+        if code == _ER_NO_SUCH_TABLE:
+            ddl = _FENCE_DDL.format(table=self._table, limit_column=_LIMIT_COLUMN)
+            await conn.query(ddl, timeout=self._query_timeout)
+            return
+        alter = f"ALTER TABLE {self._table} ADD COLUMN {_LIMIT_COLUMN}"
+        with contextlib.suppress(*DRIVER_ERRORS):  # only a concurrent ALTER: it is there now
+            await conn.query(alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,))
+
+    async def _claim_limit(self, spec: LockSpec, conn: Conn) -> int | None:
+        """Check the semaphore's recorded limit, on the session that just took a slot; None
+        if it is ours (now), else the limit its holders use.
+
+        The fencing bump recorded our limit if the row had none. Every holder checks after
+        taking its slot, so while a holder of limit R lives, one of the slots ``#0..#R-1`` is
+        taken: a different recorded limit ``R`` is stale — left by holders that are all gone,
+        released or crashed — exactly when no other session holds one of those slots. That
+        check and the overwrite run under the row's lock (``FOR UPDATE``), so two clients
+        cannot both replace it. Accepted race: a session that has taken a slot but not checked
+        yet counts as a holder of R, so right after a limit change two first acquirers may
+        refuse each other (never grant too many); the next attempt succeeds.
+        """
+        key = fence_key(spec.namespace, spec.name).hex()
+        where = f"FROM {self._table} WHERE lock_key = X'{key}'"
+        timeout = self._query_timeout
+        if await conn.value(f"SELECT sem_limit {where}", timeout=timeout) == spec.limit:
+            return None
+        await conn.query("START TRANSACTION", timeout=timeout)
+        recorded = await conn.value(f"SELECT sem_limit {where} FOR UPDATE", timeout=timeout)
+        in_use = spec.limit if recorded is None else int(recorded)
+        if in_use != spec.limit and await self._slots_held_by_others(spec, conn, in_use):
+            await conn.query("ROLLBACK", timeout=timeout)
+            return in_use
+        await conn.query(
+            f"UPDATE {self._table} SET sem_limit = {spec.limit} WHERE lock_key = X'{key}'",
+            timeout=timeout,
+        )
+        await conn.query("COMMIT", timeout=timeout)
+        return None
+
+    async def _limit_in_use(self, spec: LockSpec, conn: Conn) -> int | None:
+        """For a refused semaphore attempt: the recorded limit if it differs from ours and
+        holders of it are still there, else None (a plain read: it only refuses, never
+        grants)."""
+        if spec.kind is not Kind.SEMAPHORE:
+            return None
+        key = fence_key(spec.namespace, spec.name).hex()
+        sql = f"SELECT sem_limit FROM {self._table} WHERE lock_key = X'{key}'"
+        try:
+            rows, _ = await conn.query(
+                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
+            )
+        except DRIVER_ERRORS as exc:
+            if error_code(exc) not in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD):
+                raise
+            return None  # no holder has recorded a limit yet
+        recorded = rows[0][0] if rows else None
+        if recorded is None or int(recorded) == spec.limit:
+            return None
+        if await self._slots_held_by_others(spec, conn, int(recorded)):
+            return int(recorded)
+        return None
+
+    async def _slots_held_by_others(self, spec: LockSpec, conn: Conn, limit: int) -> bool:
+        """Whether another session holds one of the slots of a semaphore of ``limit``."""
+        me = "CONNECTION_ID()"
+        family = _family(spec.kind)
+        slots = [lock_name(spec.namespace, family, spec.name, i) for i in range(limit)]
+        others = " + ".join(f"(IFNULL(IS_USED_LOCK('{s}'), {me}) <> {me})" for s in slots)
+        return bool(int(await conn.value(f"SELECT {others}", timeout=self._query_timeout)))
 
     async def _wait_once(self, spec: LockSpec, acq: _Acquisition, slice_: float) -> None:
         """One ``GET_LOCK(name, slice)``; on success the session holds it (acq.held)."""

@@ -8,7 +8,7 @@ aiozk's own Lock/SharedLock recipes are not used — see the research notes for 
     <chroot>/<namespace>/<name>/mutex/_c_<uuid>-lock-0000000007
     <chroot>/<namespace>/<name>/rw/_c_<uuid>-read-0000000003      (read lock)
     <chroot>/<namespace>/<name>/rw/_c_<uuid>-writ-0000000004      (write lock)
-    <chroot>/<namespace>/<name>/semaphore/_c_<uuid>-sema-0000000001
+    <chroot>/<namespace>/<name>/semaphore/_c_<uuid>-sema5-0000000001   (semaphore, limit 5)
 
 Namespace and name are percent-encoded UTF-8 (only ``A-Z a-z 0-9 - _`` stay as they are; a
 segment equal to ``zookeeper`` has its ``z`` encoded), so any name — ``/``, ``..``, ``{``,
@@ -27,6 +27,9 @@ protected mode (see *Creating*). The three families of one name are independent 
   of the directory, every later waiter its immediate predecessor, and a permit granted while
   a successor waits touches its own node (``setData``) so that successor moves up to become
   the first waiter. A release therefore wakes exactly the waiters it can unblock: no herd.
+  The node's name carries its limit; a contender that finds a node with another limit ahead
+  of it deletes its own and raises :class:`~aiodlock.LimitMismatchError` (see
+  :func:`_evaluate`).
 
 The queue of nodes is FIFO by construction, so FAIR is declared. As on every backend, the
 waiting tasks of one client take turns for a mutex, a write lock or a semaphore, and only the
@@ -108,7 +111,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from .._exceptions import BackendError
+from .._exceptions import BackendError, LimitMismatchError
 from .._url import ParsedURL
 from .._validate import check_seconds
 from ._no_tls import NO_TLS_OPTIONS, refuse_tls
@@ -147,7 +150,9 @@ _FAMILY: Final = {
     Kind.SEMAPHORE: "semaphore",
 }
 _TAG: Final = {Kind.MUTEX: "lock", Kind.READ: "read", Kind.WRITE: "writ", Kind.SEMAPHORE: "sema"}
-_CONTENDER: Final = re.compile(r"^_c_[0-9a-f]{32}-(lock|read|writ|sema)-(\d{10})$")
+# "-<tag><limit>-<sequence>": only semaphore nodes carry a limit (nodes made before limits
+# were recorded have none, and are not compared).
+_CONTENDER: Final = re.compile(r"^_c_[0-9a-f]{32}-(lock|read|writ|sema)(\d*)-(\d{10})$")
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _ANY_SESSION: Final = -1  # a create was sent while the session was changing: sweep any
 _PROTECT_LENGTH: Final = len("_c_") + 32 + len("-")  # "_c_<uuid hex>-"
@@ -241,7 +246,8 @@ class _Entry:
         self.kind = spec.kind
         self.limit = spec.limit
         self.protect = f"_c_{uuid.uuid4().hex}-"
-        self.prefix = f"{self.protect}{_TAG[spec.kind]}-"
+        limit = spec.limit if spec.kind is Kind.SEMAPHORE else ""
+        self.prefix = f"{self.protect}{_TAG[spec.kind]}{limit}-"
         self.name: str | None = None  # our node's name, once known
         self.czxid = 0
         self.session_id: int | None = None  # the session that owns our node
@@ -288,6 +294,7 @@ class _Verdict:
     target: str | None = None  # path to watch (a node, or the directory for children)
     children: bool = False
     successor: bool = False  # some contender queues right behind us
+    conflict: int | None = None  # semaphore: the other limit of a contender ahead of us
 
 
 def _evaluate(entry: _Entry, names: list[str], leaving: Set[str] = frozenset()) -> _Verdict:
@@ -299,27 +306,47 @@ def _evaluate(entry: _Entry, names: list[str], leaving: Set[str] = frozenset()) 
     makes long chains of them).
     """
     contenders = sorted(
-        (int(m.group(2)), m.group(1), name)
+        (int(m.group(3)), m.group(1), int(m.group(2) or 0), name)
         for name in names
         if (m := _CONTENDER.match(name)) and name not in leaving
     )
-    index = next(i for i, (_, _, name) in enumerate(contenders) if name == entry.name)
+    index = next(i for i, (*_, name) in enumerate(contenders) if name == entry.name)
     successor = index + 1 < len(contenders)
     directory = entry.directory
     if entry.kind is Kind.READ:
-        writers = [name for _, tag, name in contenders[:index] if tag == "writ"]
+        writers = [name for _, tag, _, name in contenders[:index] if tag == "writ"]
         if not writers:
             return _Verdict(True, successor=successor)
         return _Verdict(False, f"{directory}/{writers[-1]}")
     if entry.kind is Kind.SEMAPHORE:
+        conflict = _other_limit(contenders[:index], entry.limit)
+        if conflict is not None:
+            return _Verdict(False, conflict=conflict)
         if index < entry.limit:
             return _Verdict(True, successor=successor)
         if index == entry.limit:
             return _Verdict(False, directory, children=True)
-        return _Verdict(False, f"{directory}/{contenders[index - 1][2]}")
+        return _Verdict(False, f"{directory}/{contenders[index - 1][3]}")
     if index == 0:
         return _Verdict(True, successor=successor)
-    return _Verdict(False, f"{directory}/{contenders[index - 1][2]}")
+    return _Verdict(False, f"{directory}/{contenders[index - 1][3]}")
+
+
+def _other_limit(ahead: list[tuple[int, str, int, str]], limit: int) -> int | None:
+    """The limit of a semaphore contender ahead of ours that differs from ``limit``, if any.
+
+    Only nodes *ahead* count: they were all in the first listing after our node was created
+    (the ones before us are committed first), and later listings only lose some, so a node
+    that passes this check once passes it for good, and a granted node has only nodes of its
+    own limit ahead. Every holder at any moment therefore shares the limit of the newest
+    holder, and no more than that many hold. A node with another limit that queues *behind*
+    ours is refused by its own check. The price: while a refused node is being deleted, a node
+    behind it (even one of the right limit) is refused too.
+    """
+    for _, _, theirs, _ in ahead:
+        if theirs and theirs != limit:  # 0: a node that records no limit
+            return theirs
+    return None
 
 
 def _seconds(options: Mapping[str, Any], key: str, default: float | None) -> float | None:
@@ -571,6 +598,9 @@ class ZooKeeperBackend:
                 # The session changed while the listing was on its way: queue again.
                 names = await self._enqueue(entry, transport)
             verdict = _evaluate(entry, names, self._leaving.get(directory, set()))
+            if verdict.conflict is not None:
+                await self._refuse(entry, transport)
+                raise LimitMismatchError(spec.name, verdict.conflict, spec.limit)
             if verdict.granted:
                 entry.held = True
                 entry.target = None
@@ -867,7 +897,7 @@ class ZooKeeperBackend:
                     waiter.wake()
                 else:
                     verdict = _evaluate(entry, names, self._leaving.get(entry.directory, set()))
-                    if verdict.granted or verdict.target != target:
+                    if verdict.granted or verdict.target != target or verdict.conflict is not None:
                         waiter.wake()  # changed since the check: check again at once
             else:
                 await transport.get(target, watch=True, timeout=self._request_timeout)
@@ -1019,6 +1049,13 @@ class ZooKeeperBackend:
     async def _delete(self, path: str, transport: ZKTransport, *, wait: bool) -> None:
         with contextlib.suppress(NoNodeError):
             await transport.delete(path, wait=wait, timeout=self._request_timeout)
+
+    async def _refuse(self, entry: _Entry, transport: ZKTransport) -> None:
+        """Leave the queue at once, under the entry's lock: a refused node (another
+        semaphore limit ahead) must not stay behind to hold up the contenders after it."""
+        self._retire(entry)
+        with contextlib.suppress(BackendError):  # kept for the janitor
+            await self._remove_nodes(entry, transport, wait=False)
 
     def _abandon(self, entry: _Entry) -> asyncio.Task[None] | None:
         """Leave the queue in the background (shielded from the caller's cancellation)."""

@@ -57,7 +57,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -106,6 +106,7 @@ __all__ = [
     "test_release_wakes_waiter_without_waiting_out_the_lease",
     "test_run_exclusive_returns_result_and_guards",
     "test_semaphore_limit",
+    "test_semaphore_limit_mismatch_is_refused",
     "test_semaphore_permit_of_crashed_holder_comes_back",
     "test_sigstopped_holder_is_replaced_and_cancelled_on_resume",
     "test_statistics_and_repr",
@@ -746,6 +747,46 @@ async def test_semaphore_limit(
             tg.create_task(user(locks if i % 2 else other, i))
     history.check(max_holders=3)
     assert history.max_concurrency() == 3
+    await aiodlock_target.assert_no_leftovers(locks, other)
+
+
+@requires(Capability.COUNTING)
+@pytest.mark.asyncio
+async def test_semaphore_limit_mismatch_is_refused(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, aiodlock_target: Target
+) -> None:
+    """Clients using different limits for one semaphore would over-grant: while a permit of
+    limit 2 is held, the service refuses limit 3 (or 1) from acquire() with a clear error —
+    a programming error, not a BackendError — leaving nothing behind and the holder's count
+    intact; once every permit is released, limit 3 is accepted."""
+    holder = await locks.semaphore("pool", limit=2).acquire()
+    attempts: dict[str, Callable[[], Awaitable[object]]] = {
+        "acquire": lambda: other.semaphore("pool", limit=3).acquire(timeout=5),
+        "try_acquire": lambda: other.semaphore("pool", limit=3).try_acquire(),
+        "same client": lambda: locks.semaphore("pool", limit=1).acquire(timeout=5),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(aiodlock.LimitMismatchError) as info:
+            await attempt()
+        assert isinstance(info.value, ValueError), what
+        assert not isinstance(info.value, aiodlock.BackendError), what
+        assert "semaphore 'pool' is in use with limit 2" in str(info.value), what
+    assert (info.value.in_use, info.value.requested) == (2, 1)
+    with pytest.raises(aiodlock.LimitMismatchError, match="limit 2; this one asks for limit 3"):
+        async with other.semaphore("pool", limit=3, timeout=5):
+            pytest.fail("a permit was granted with a mismatched limit")
+    # The holder is unaffected, and the refusals took no permit: exactly one more fits.
+    assert holder.held and not holder.lost.is_set()
+    second = await other.semaphore("pool", limit=2).acquire(timeout=5)
+    assert await other.semaphore("pool", limit=2).try_acquire() is None
+    await holder.release()
+    await second.release()
+    await aiodlock_target.assert_no_leftovers(locks, other)
+    # Every permit is gone: a new limit is fine again.
+    leases = [await c.semaphore("pool", limit=3).acquire(timeout=5) for c in (locks, other, locks)]
+    assert await other.semaphore("pool", limit=3).try_acquire() is None
+    for lease in leases:
+        await lease.release()
     await aiodlock_target.assert_no_leftovers(locks, other)
 
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from redis.exceptions import RedisError
 
-from ..._exceptions import BackendError, UnsupportedError
+from ..._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from ..._validate import check_seconds
 from .._protocol import Busy, Capability, Grant, Kind, LockSpec
 from . import _scripts as lua
@@ -309,6 +309,8 @@ class RedisBackend:
                 )
         if reply[0] == 1:
             return Grant(reply[1])
+        if reply[0] == -1:  # SEM_ACQUIRE: the holders use another limit; nothing was taken
+            raise LimitMismatchError(spec.name, int(reply[1]), spec.limit)
         return _busy(reply[1])
 
     async def _fair_attempt(
@@ -422,7 +424,7 @@ class RedisBackend:
             elif kind is Kind.READ:
                 done = await call(lua.run, lua.ZSET_RENEW, (keys.readers,), owner, ms)
             else:
-                done = await call(lua.run, lua.ZSET_RENEW, (keys.sem,), owner, ms)
+                done = await call(lua.run, lua.ZSET_RENEW, keys.sem_renew, owner, ms)
         return bool(done == 1)
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:

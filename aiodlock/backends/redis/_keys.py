@@ -16,11 +16,15 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:rw:rsignal     BLPOP mode: the readers' tokens                         (PEXPIRE)
     T:rw:waiters     BLPOP mode: ZSET of blocked readers and writers         (PEXPIRE)
     T:sem            ZSET    semaphore: permit owner -> lease expiry, ms     (PEXPIREAT)
+    T:sem:limit      STRING  semaphore: the limit its holders use            (PEXPIREAT of T:sem)
     T:sem:signal     semaphore channel; BLPOP mode: LIST of wake tokens      (PEXPIRE)
     T:sem:waiters    BLPOP mode: ZSET of owners blocked on T:sem:signal      (PEXPIRE)
 
 Times in ZSET scores are server milliseconds. The mutex, the read-write lock and the semaphore
 of one name are independent families (as on every backend), sharing only the fencing counter.
+``T:sem:limit`` always expires with ``T:sem`` (and is deleted with its last permit): while
+permits are held, an acquire asking for another limit is refused; once none is, any limit is
+accepted.
 
 Names are opaque: ``{``, ``}``, spaces and unicode are fine. No suffix contains ``}``, so the
 last ``}`` of any key closes the name: two different names can never produce the same key,
@@ -67,7 +71,9 @@ class Keys:
         "sem",
         "sem_acquire",
         "sem_acquire_l",
+        "sem_limit",
         "sem_release",
+        "sem_renew",
         "sem_signal",
         "sem_waiters",
         "signal",
@@ -91,6 +97,7 @@ class Keys:
         self.sem = tag + b":sem"
         self.sem_signal = tag + b":sem:signal"
         self.sem_waiters = tag + b":sem:waiters"
+        self.sem_limit = tag + b":sem:limit"
         self.mutex_acquire = (tag, fence)
         self.mutex_release = (tag, self.signal, self.mutex_waiters)
         self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
@@ -99,8 +106,9 @@ class Keys:
         self.write_acquire = (self.writer, fence, self.readers)
         self.read_release = (self.readers, self.rw_signal, self.rw_waiters)
         self.write_release = (self.writer, self.rw_signal, self.rsignal, self.rw_waiters)
-        self.sem_acquire = (self.sem, fence)
-        self.sem_release = (self.sem, self.sem_signal, self.sem_waiters)
+        self.sem_acquire = (self.sem, fence, self.sem_limit)
+        self.sem_release = (self.sem, self.sem_signal, self.sem_waiters, self.sem_limit)
+        self.sem_renew = (self.sem, self.sem_limit)
         # BLPOP mode: acquire scripts also take the waiter registry and its lists, which a
         # granted waiter leaves in the same step (see _scripts._LEAVE_ON_GRANT).
         self.mutex_acquire_l = (*self.mutex_acquire, self.mutex_waiters, self.signal)

@@ -324,15 +324,25 @@ SEM_ACQUIRE: Final = Script(
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
     + """
--- KEYS[1] sem, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
+-- KEYS[1] sem, KEYS[2] fence, KEYS[3] sem limit; BLPOP mode also KEYS[4] waiters, KEYS[5] signal
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit, ARGV[4] fence ttl ms
 -- -> {1, token} | {0, ms until the earliest permit lease ends}
--- Expired permits (crashed holders) are reclaimed first.
+--  | {-1, the limit the holders use}: ARGV[3] differs, and granting it would over-grant.
+-- Expired permits (crashed holders) are reclaimed first, so once every permit is gone any
+-- limit is accepted. The limit key lives exactly as long as the permits (expire_at_max).
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+local count = redis.call('ZCARD', KEYS[1])
+if count > 0 then
+  local in_use = redis.call('GET', KEYS[3])
+  if in_use and in_use ~= ARGV[3] then
+    return {-1, tonumber(in_use)}
+  end
+end
+if count < tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-  expire_at_max(KEYS[1], false)
-  if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
+  redis.call('SET', KEYS[3], ARGV[3])
+  expire_at_max(KEYS[1], KEYS[3])
+  if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
   return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -343,15 +353,19 @@ return {0, tonumber(first[2]) - now}
 SEM_RELEASE: Final = Script(
     _NOW
     + _NOTIFY
+    + _EXPIRE_AT_MAX
     + """
--- KEYS[1] sem, KEYS[2] signal, KEYS[3] waiters
+-- KEYS[1] sem, KEYS[2] signal, KEYS[3] waiters, KEYS[4] sem limit
 -- ARGV[1] owner, ARGV[2] notify mode, ARGV[3] limit (the BLPOP token cap: one per permit)
 -- -> 1 released | 0 not held (absent, or its lease had already ended)
+-- The ZSET and its limit key then expire with the latest remaining permit; the last
+-- permit out deletes the limit key, so the next holder may bring another limit.
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
+expire_at_max(KEYS[1], KEYS[4])
 notify(KEYS[2], '1', ARGV[2], tonumber(ARGV[3]), KEYS[3])
 if tonumber(score) > now then
   return 1
@@ -364,7 +378,7 @@ ZSET_RENEW: Final = Script(
     _NOW
     + _EXPIRE_AT_MAX
     + """
--- KEYS[1] readers or sem
+-- KEYS[1] readers or sem; for sem also KEYS[2] its limit key, which expires with it
 -- ARGV[1] owner, ARGV[2] lease ms
 -- -> 1 extended | 0 not held. A member whose lease ended is removed, never extended, even
 -- if no acquire has purged it yet: renewal must not resurrect.
@@ -377,7 +391,7 @@ if tonumber(score) <= now then
   return 0
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-expire_at_max(KEYS[1], false)
+expire_at_max(KEYS[1], KEYS[2] or false)
 return 1
 """
 )
