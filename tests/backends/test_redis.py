@@ -1,4 +1,4 @@
-"""The conformance suite on Redis, waiters woken by pub/sub (the default)."""
+"""The conformance suite on Redis, once per wakeup mode: pub/sub (the default) and BLPOP."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def aiodlock_url(redis_url: str) -> str:
     return redis_url
 
 
-@pytest.fixture
-def aiodlock_options() -> dict[str, Any]:
-    return {"wakeup": "pubsub"}
+@pytest.fixture(params=["pubsub", "blpop"])
+def aiodlock_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {"wakeup": request.param}
 
 
 @pytest_asyncio.fixture
