@@ -81,8 +81,11 @@ def check_namespace(namespace: object) -> str:
     return checked
 
 
-def check_seconds(value: object, *, argument: str, allow_none: bool = True) -> float | None:
-    """Validate a duration: a finite number of seconds > 0, or ``None`` (no limit)."""
+def check_seconds(
+    value: object, *, argument: str, allow_none: bool = True, allow_zero: bool = False
+) -> float | None:
+    """Validate a duration: a finite number of seconds > 0 (``allow_zero``: >= 0), or
+    ``None`` (no limit)."""
     if value is None:
         if allow_none:
             return None
@@ -92,8 +95,8 @@ def check_seconds(value: object, *, argument: str, allow_none: bool = True) -> f
     seconds = float(value)
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{argument} must be finite, not {seconds}")
-    if seconds <= 0:
-        raise ValueError(f"{argument} must be > 0, not {seconds}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{argument} must be {'>=' if allow_zero else '>'} 0, not {seconds}")
     return seconds
 
 
@@ -112,9 +115,7 @@ def check_ttl(value: object) -> float:
 def check_timeout(value: object) -> float | None:
     """Validate how long to wait for a lock: seconds, ``0`` (one attempt, do not wait) or
     ``None`` (wait as long as it takes)."""
-    if type(value) in (int, float) and value == 0:
-        return 0.0
-    return check_seconds(value, argument="timeout")
+    return check_seconds(value, argument="timeout", allow_zero=True)
 
 
 def check_async_callable(fn: object, *, argument: str = "fn") -> None:

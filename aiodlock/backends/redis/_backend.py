@@ -92,11 +92,11 @@ async def _outcome(future: asyncio.Future[_T]) -> _T:
 
 def _fence_ms(fence_ttl: object) -> int:
     """The ``fence_ttl`` option in whole milliseconds; 0 keeps fencing counters forever."""
-    if type(fence_ttl) in (int, float) and fence_ttl == 0:
-        return 0
-    seconds = check_seconds(fence_ttl, argument="option fence_ttl", allow_none=False)
+    seconds = check_seconds(
+        fence_ttl, argument="option fence_ttl", allow_none=False, allow_zero=True
+    )
     assert seconds is not None
-    return _lease_ms(seconds)
+    return 0 if seconds == 0 else _lease_ms(seconds)
 
 
 def _lease_ms(ttl: float) -> int:
