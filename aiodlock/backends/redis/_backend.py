@@ -48,7 +48,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from redis.exceptions import RedisError
 
@@ -60,6 +60,7 @@ from ._blpop import BlockingSignals, BlpopWaiter
 from ._keys import Keys, keys_for
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
+from ._slots import wait_outcome
 from ._source import disconnect_quietly
 
 if TYPE_CHECKING:
@@ -74,20 +75,6 @@ __all__ = ["RedisBackend"]
 _WAKEUP_MODES: Final = ("pubsub", "blpop")
 # A lock name's fencing counter outlives its last grant by this long (see _scripts.next_token).
 _DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
-
-
-_T = TypeVar("_T")
-
-
-async def _outcome(future: asyncio.Future[_T]) -> _T:
-    """Await a submitted command's outcome; if we are cancelled, it is withdrawn (or, once
-    started, left to finish) and its error, if any, is looked at."""
-    try:
-        return await future
-    except asyncio.CancelledError:
-        if future.done() and not future.cancelled():
-            future.exception()
-        raise
 
 
 def _fence_ms(fence_ttl: object) -> int:
@@ -324,7 +311,7 @@ class RedisBackend:
         source = self._source
         hub = self._hub
         if hub is None:
-            reply = await _outcome(
+            reply = await wait_outcome(
                 source.submit(
                     self._attempts.run,
                     lua.FAIR_ACQUIRE,
@@ -339,7 +326,7 @@ class RedisBackend:
             return Grant(reply[1]) if reply[0] == 1 else _busy(reply[1])
         rechecks = self._rechecks
         try:
-            reply = await _outcome(source.submit(self._fair_send, keys, owner, ms, first=first))
+            reply = await wait_outcome(source.submit(self._fair_send, keys, owner, ms, first=first))
         except BaseException:
             rechecks.drop(owner)
             hub.forget(keys.signal, owner)

@@ -56,7 +56,7 @@ from ..._exceptions import BackendError
 from ..._validate import check_bool, check_seconds
 from ._deadlines import Deadlines
 from ._errors import ErrorMap
-from ._slots import Slots
+from ._slots import Slots, wait_outcome
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -274,12 +274,7 @@ class NodeSource:
         # then wait for reconnects.
         outcome: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
         slots.push(_Queued(fn, args, outcome), outcome, first=first)
-        try:
-            return await outcome
-        except asyncio.CancelledError:
-            if outcome.done() and not outcome.cancelled():
-                outcome.exception()  # it failed as we left: nobody else will look
-            raise
+        return await wait_outcome(outcome)
 
     def _hand_on(self) -> None:
         # The holder of a slot is done: the next queued command gets the slot, in a task

@@ -20,9 +20,22 @@ import asyncio
 from collections import deque
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Slots"]
+__all__ = ["Slots", "wait_outcome"]
 
 _Item = TypeVar("_Item")
+_T = TypeVar("_T")
+
+
+async def wait_outcome(outcome: asyncio.Future[_T]) -> _T:
+    """Await a queued command's outcome. A caller cancelled meanwhile withdraws it (or, once
+    started, leaves it to finish), and looks at its error if it already failed: nobody else
+    will, and asyncio would log it as never retrieved."""
+    try:
+        return await outcome
+    except asyncio.CancelledError:
+        if outcome.done() and not outcome.cancelled():
+            outcome.exception()
+        raise
 
 
 class Slots(Generic[_Item]):
