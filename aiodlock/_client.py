@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar, TypeVarTuple, final
 
+from ._inflight import InFlight
 from ._lease import Lease
 from ._local import Holdings
 from ._locks import (
@@ -157,7 +158,8 @@ class LockClient:
         self._state = "new"
         self._supervisor = Supervisor(backend)
         self._holdings = Holdings(self._supervisor)
-        self._context = LockContext(backend, self._supervisor, self._holdings)
+        self._inflight = InFlight()
+        self._context = LockContext(backend, self._supervisor, self._holdings, self._inflight)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -184,13 +186,19 @@ class LockClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Release the leases still held through ``acquire()``, wait for cleanups, disconnect.
+        """End everything this client does, then disconnect.
 
-        Idempotent.
+        Each task still waiting in an acquire raises ``RuntimeError`` (leaving any queue it
+        joined); each lease still held is given back, and a body still running under it is
+        cancelled and raises :class:`LockLostError`, as on any loss; background clean-ups are
+        awaited; then the connections close. Idempotent.
         """
         if self._state != "open":
             return
         self._state = "closing"
+        # Waiters first (they raise RuntimeError and leave their queues), then holders (their
+        # bodies are cancelled with LockLostError), while the connections are still open.
+        await self._inflight.interrupt()
         self._holdings.close()
         try:
             await self._supervisor.stop()

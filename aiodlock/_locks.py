@@ -26,6 +26,7 @@ from typing import Any, TypeVar, TypeVarTuple, final
 from ._acquire import AcquireCounters, Granted, attempt_once, wait_for_grant
 from ._exceptions import LockError, LockLostError, LockNotOwnedError, UnsupportedError
 from ._guard import LossGuard
+from ._inflight import InFlight
 from ._lease import Lease, LeaseState
 from ._local import Holdings, LiveLease
 from ._supervisor import Supervisor
@@ -51,11 +52,13 @@ Ts = TypeVarTuple("Ts")
 
 @dataclass(frozen=True, slots=True)
 class LockContext:
-    """What a lock object works with: its client's backend, supervisor and holdings."""
+    """What a lock object works with: its client's backend, supervisor, holdings and the
+    acquires in flight (which a closing client interrupts)."""
 
     backend: Backend
     supervisor: Supervisor
     holdings: Holdings
+    inflight: InFlight
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +158,14 @@ class BaseLock:
             return self._context.holdings.reenter(held)
         context = self._context
         context.supervisor.require_running()
-        granted = await attempt_once(
-            context.backend, context.supervisor, self._spec, ttl=self.ttl, counters=self._counters
-        )
+        with context.inflight.entered(task, self._spec):
+            granted = await attempt_once(
+                context.backend,
+                context.supervisor,
+                self._spec,
+                ttl=self.ttl,
+                counters=self._counters,
+            )
         return None if granted is None else self._hold(granted, task).lease
 
     async def _take(self, timeout: float | None, *, strict: bool = False) -> LiveLease:
@@ -168,15 +176,16 @@ class BaseLock:
             return held
         context = self._context
         context.supervisor.require_running()
-        granted = await wait_for_grant(
-            context.backend,
-            context.supervisor,
-            context.holdings.turns,
-            self._spec,
-            ttl=self.ttl,
-            timeout=timeout,
-            counters=self._counters,
-        )
+        with context.inflight.entered(task, self._spec):
+            granted = await wait_for_grant(
+                context.backend,
+                context.supervisor,
+                context.holdings.turns,
+                self._spec,
+                ttl=self.ttl,
+                timeout=timeout,
+                counters=self._counters,
+            )
         return self._hold(granted, task)
 
     def _reentry(self, task: asyncio.Task[Any], *, strict: bool) -> LiveLease | None:

@@ -1,6 +1,6 @@
 """Real coordination servers, run as child processes, for the tests and the benchmarks.
 
-DESIGN §5: the tests talk to real servers, started here, each on a free loopback port in its
+The tests talk to real servers, started here, each on a free loopback port in its
 own temporary directory, and torn down afterwards. Nothing here uses the machine's own
 services (Redis on 6379, MariaDB on 3306), and nothing here installs anything: a missing
 binary is a ``RuntimeError`` that says to run ``scripts/install-system-deps.sh``.

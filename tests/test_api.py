@@ -17,6 +17,8 @@ import pytest
 import aiodlock
 from aiodlock.backends import parse_url
 
+from .helpers import wait_until
+
 pytestmark = pytest.mark.memory
 
 
@@ -275,3 +277,35 @@ async def test_runs_on_the_requested_event_loop() -> None:
     expected = os.environ.get("AIODLOCK_TEST_LOOP", "asyncio")
     module = type(asyncio.get_running_loop()).__module__
     assert module.startswith("uvloop") == (expected == "uvloop")
+
+
+async def test_a_waiter_cancelled_from_outside_while_its_client_closes_stays_cancelled() -> None:
+    """Closing interrupts a waiter with RuntimeError, unless the task was also cancelled from
+    outside: that cancellation is the caller's and must propagate."""
+    async with aiodlock.connect("memory://close-race") as holder:
+        closing = aiodlock.connect("memory://close-race")
+        await closing.__aenter__()
+        async with holder.lock("x"):
+            lock = closing.lock("x")
+            waiter = asyncio.create_task(lock.acquire())
+            await wait_until(lambda: lock.statistics().waiting == 1)
+            waiter.cancel()
+            await closing.aclose()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert waiter.cancelled()
+
+
+async def test_the_memory_store_keeps_nothing_for_names_nobody_uses() -> None:
+    """Fencing tokens keep increasing per name although the store forgets idle names."""
+    async with aiodlock.connect("memory://forgetful") as locks:
+        async with locks.lock("name-0") as first:
+            pass
+        for i in range(200):
+            async with locks.lock(f"name-{i}"), locks.write_lock(f"name-{i}"):
+                pass
+            async with locks.semaphore(f"name-{i}", limit=3):
+                pass
+        assert locks.statistics().backend["entries"] == 0
+        async with locks.lock("name-0") as again:
+            assert again.fencing_token > first.fencing_token

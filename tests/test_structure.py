@@ -1,4 +1,4 @@
-"""The package's shape (DESIGN §3): imports form a DAG, nobody reaches into private names.
+"""The package's shape: imports form a DAG, nobody reaches into private names.
 
 Every import is counted — module level, inside functions, and under ``TYPE_CHECKING`` — so a
 circle cannot hide behind a deferred import.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,22 @@ def test_tests_use_the_public_api() -> None:
                 if parts[0] == "aiodlock" and any(p.startswith("_") for p in parts[1:]):
                     offenders.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
     assert offenders == []
+
+
+def test_docstrings_cite_only_documents_that_ship_with_the_repository() -> None:
+    # The design notes and research files the project grew from are not in the repository:
+    # a reader of help() must be sent to docs/ or README.md, which are.
+    repo = PACKAGE.parent
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        assert "DESIGN" not in text and "research" not in text, path
+        for cited in re.findall(r"\b(?:docs/[\w./-]+\.md|README\.md)", text):
+            assert (repo / cited).is_file(), f"{path} cites {cited}, which does not exist"
+
+
+def test_the_conformance_suite_exports_every_test() -> None:
+    # A backend runs the suite with `import *`: a test left out of __all__ would never run.
+    from aiodlock.testing import conformance
+
+    defined = {name for name in vars(conformance) if name.startswith("test_")}
+    assert defined <= set(conformance.__all__)

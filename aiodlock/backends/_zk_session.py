@@ -1,9 +1,9 @@
 """A hardened ZooKeeper transport on aiozk's low-level session, typed for the backend.
 
 aiozk is used as a *wire-protocol transport* only (its Lock/SharedLock recipes have known
-safety bugs, see ``research/zk-etcd-sql-anchors.md`` §4). This module keeps what aiozk does
-well — the jute protocol classes, the connection's framing and read loop, session ids and
-passwords — and replaces the parts that break a lock recipe:
+safety bugs, listed in ``docs/zookeeper.md`` under "How it is built"). This module keeps
+what aiozk does well — the jute protocol classes, the connection's framing and read loop,
+session ids and passwords — and replaces the parts that break a lock recipe:
 
 * **No resend behind the caller's back.** Requests bypass ``Session.send`` (whose retry
   policy resends a request after a reconnect, so a lost create reply leaves a duplicate

@@ -3,7 +3,8 @@
 ``memory://`` is one store shared by every client in the process (so two clients exclude
 each other like two processes would on a server); ``memory://NAME`` is a separate named
 store. Leases expire on the event loop's clock exactly as they would on Redis, fencing tokens
-come from a per-name counter, waiters are woken directly (one per release, all for a writer's
+come from one counter per store (so they increase per name, and the store keeps nothing for a
+name nobody holds or waits for), waiters are woken directly (one per release, all for a writer's
 release), and fair locks hand over in arrival order. A semaphore remembers the limit of its
 holders and refuses another one (:class:`~aiodlock.LimitMismatchError`) until they are gone.
 
@@ -71,6 +72,7 @@ class _Entry:
     holders: dict[str, _Holder] = field(default_factory=dict)
     queue: dict[str, float] = field(default_factory=dict)  # fair: owner -> liveness deadline
     waiters: list[_MemoryWaiter] = field(default_factory=list)
+    token: int | None = None  # the last fencing token granted here (for inspect)
     limit: int = 0  # semaphore: the limit its holders use (meaningful while it has holders)
 
     def empty(self) -> bool:
@@ -102,7 +104,11 @@ class _Entry:
 class _Store:
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str, str], _Entry] = {}
-        self.fences: dict[tuple[str, str], int] = {}
+        self.last_token = 0  # one counter for every name: nothing is kept per idle name
+
+    def next_token(self) -> int:
+        self.last_token += 1
+        return self.last_token
 
 
 _STORES: dict[str, _Store] = {}
@@ -181,10 +187,8 @@ class MemoryBackend:
             entry.queue.pop(owner, None)
             entry.holders[owner] = _Holder(spec.kind, now + ttl)
             entry.limit = spec.limit
-            fence_key = (spec.namespace, spec.name)
-            token = self._store.fences.get(fence_key, 0) + 1
-            self._store.fences[fence_key] = token
-            return Grant(token)
+            entry.token = self._store.next_token()
+            return Grant(entry.token)
         retry_after = min(blockers) - now + _SLACK
         if spec.fair:
             entry.queue[owner] = now + ttl
@@ -264,13 +268,11 @@ class MemoryBackend:
                 for owner, holder in entry.holders.items()
             )
             waiters = len(entry.waiters) + len(entry.queue)
-            token = self._store.fences.get((ns, name))
-            found.append(LockInfo(name, kind, holders, token, waiters))
+            found.append(LockInfo(name, kind, holders, entry.token, waiters))
         return found
 
     async def break_lock(self, spec: LockSpec) -> int:
-        """Drop every holder of ``spec``'s lock, as if their leases expired, and bump its
-        fencing counter.
+        """Drop every holder of ``spec``'s lock, as if their leases expired.
 
         The holders' next renewal is refused, so their watchdogs report the loss. Waiters are
         woken. Returns how many holders were dropped.
@@ -281,8 +283,6 @@ class MemoryBackend:
         dropped = len(entry.holders)
         entry.holders.clear()
         entry.wake_all()
-        fence_key = (spec.namespace, spec.name)
-        self._store.fences[fence_key] = self._store.fences.get(fence_key, 0) + 1
         return dropped
 
     # ------------------------------------------------------------------ internals

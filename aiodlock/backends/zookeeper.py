@@ -1,7 +1,8 @@
 """The ZooKeeper backend: ``zookeeper://host1:2181,host2:2181/chroot``.
 
 A Curator-style lock recipe on aiozk's low-level session (hardened in :mod:`._zk_session`;
-aiozk's own Lock/SharedLock recipes are not used — see the research notes for their bugs).
+aiozk's own Lock/SharedLock recipes are not used — docs/zookeeper.md, "How it is built",
+lists their bugs).
 
 **Node layout.** Every lock name is a directory of *contenders*, one per lock family::
 

@@ -87,6 +87,7 @@ __all__ = [
     "test_cancel_at_each_await_point_leaves_nothing",
     "test_cancellation_storm_makes_progress_and_leaves_nothing",
     "test_cancelled_fair_waiter_does_not_block_the_queue",
+    "test_closing_a_client_ends_its_waiters_and_holders_alike",
     "test_crashed_holder_is_replaced_after_expiry",
     "test_every_backend_fences_and_wakes",
     "test_exclusion_read_sleep_write",
@@ -580,6 +581,45 @@ async def test_lost_lease_is_forgotten_at_once(
     await locks.settle()
     async with make(other, "dropped0", timeout=2):
         pass  # given back on the service (or expired)
+
+
+@pytest.mark.asyncio
+async def test_closing_a_client_ends_its_waiters_and_holders_alike(
+    aiodlock_target: Target, locks: aiodlock.LockClient, make: LockKind
+) -> None:
+    """``aclose()`` with a task waiting and a task inside ``async with``: on every backend the
+    waiter raises ``RuntimeError`` at once (not a timeout, not the backend's closed-connection
+    error), the body is cancelled and raises ``LockLostError``, the held lock is free for
+    others at once, nothing is left on the service, and the closed client refuses new work."""
+    closing = aiodlock_target.connect()
+    await closing.__aenter__()
+    inside = asyncio.Event()
+
+    async def hold_forever() -> None:
+        async with make(closing, "held"):
+            inside.set()
+            await asyncio.Event().wait()
+
+    async with make(locks, "busy"):
+        waiting = make(closing, "busy", timeout=30)
+        waiter = asyncio.create_task(waiting.acquire())
+        holder = asyncio.create_task(hold_forever())
+        await asyncio.wait_for(inside.wait(), 10)
+        await _wait_until(lambda: waiting.statistics().waiting == 1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await closing.aclose()
+        assert loop.time() - started < 2
+        with pytest.raises(RuntimeError, match="closed while waiting"):
+            await waiter
+        with pytest.raises(aiodlock.LockLostError):
+            await holder
+        taken = await make(locks, "held").try_acquire()
+        assert taken is not None
+        await taken.release()
+    with pytest.raises(RuntimeError):
+        await make(closing, "busy").acquire()
+    await aiodlock_target.assert_no_leftovers(locks)
 
 
 @pytest.mark.asyncio
