@@ -177,6 +177,11 @@ class Conn:
         rows: tuple[tuple[Any, ...], ...] = tuple(result.rows or ())
         return rows, int(result.insert_id or 0)
 
+    async def change(self, sql: str, *, timeout: float | None) -> int:
+        """Run an ``UPDATE``/``DELETE``; return how many rows it changed."""
+        await self.query(sql, timeout=timeout)
+        return int(self._raw._result.affected_rows or 0)
+
     async def value(self, sql: str, *, timeout: float | None) -> Any:
         """The first column of the first row of a ``SELECT``."""
         rows, _ = await self.query(sql, timeout=timeout)
