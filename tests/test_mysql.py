@@ -442,7 +442,8 @@ async def test_fencing_table_is_created_on_first_use(
             async with a.semaphore("t", limit=2) as lease:  # the families share the row
                 tokens.append(lease.fencing_token)
         # A new row starts from the server's clock in microseconds, then counts by one.
-        (now_us,) = (await probe.rows("SELECT UNIX_TIMESTAMP() * 1000000"))[0]
+        clock = "SELECT UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
+        (now_us,) = (await probe.rows(clock))[0]
         assert now_us - 60_000_000 < tokens[0] <= now_us
         assert tokens == [tokens[0] + i for i in range(4)]
         assert (await probe.rows(exists))[0][0] == 1

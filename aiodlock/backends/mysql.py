@@ -71,8 +71,8 @@ from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
-from ._no_tls import NO_TLS_OPTIONS, refuse_tls
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._tls import TLS_OPTIONS, tls_context
 
 if TYPE_CHECKING:
     from .._url import ParsedURL
@@ -118,10 +118,11 @@ _TOUCHED_COLUMN: Final = (
     "ADD INDEX idle (touched)"
 )
 # A new row starts from the server's clock in microseconds, not 1: then a name whose row was
-# swept (or lost) still gets tokens above every earlier one. Whole seconds (UNIX_TIMESTAMP()
-# reads the epoch itself; UNIX_TIMESTAMP(NOW(6)) goes through the session's time zone and can
-# step back an hour when daylight saving time ends).
-_SEED: Final = "UNIX_TIMESTAMP() * 1000000"
+# swept (or lost) still gets tokens above every earlier one. UNIX_TIMESTAMP() reads the epoch
+# itself (UNIX_TIMESTAMP(NOW(6)) goes through the session's time zone and can step back an
+# hour when daylight saving time ends); the microseconds of NOW(6), the same instant (the
+# statement's start), do not depend on the time zone.
+_SEED: Final = "UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
 _FENCE_BUMP: Final = (
     "INSERT INTO {table} (lock_key, lock_name, token, touched) VALUES (X'{key}', '{label}', "
     f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
@@ -219,7 +220,10 @@ class MySQLBackend:
     - ``fence_table`` (default ``aiodlock_fence``): the fencing-token table;
     - ``fence_ttl`` (seconds, default 7 days): a name's fencing row is deleted once unused for
       this long (0 keeps rows forever);
-    - ``unix_socket``: connect through this socket path instead of TCP.
+    - ``unix_socket``: connect through this socket path instead of TCP;
+    - ``ssl`` (TLS with the system's CAs), ``ssl_ca`` (trust this CA bundle instead),
+      ``ssl_cert`` / ``ssl_key`` (a client certificate), ``ssl_check_hostname`` (default true):
+      TLS, refused with ``BackendError`` if the server does not offer it.
 
     Example::
 
@@ -248,11 +252,10 @@ class MySQLBackend:
         "fence_table": str,
         "fence_ttl": float,
         "unix_socket": str,
-        **NO_TLS_OPTIONS,  # refused: not supported yet (see docs/mysql.md)
+        **TLS_OPTIONS,
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
-        refuse_tls(url.scheme, options, "docs/mysql.md")
         if len(url.hosts) > 1:
             raise ValueError(f"mysql:// takes one host, got {len(url.hosts)}")
         host, port = url.hosts[0] if url.hosts else ("localhost", None)
@@ -304,6 +307,7 @@ class MySQLBackend:
             database=database,
             unix_socket=unix_socket,
             connect_timeout=self._connect_timeout,
+            tls=tls_context(options, scheme=url.scheme),
         )
         self._password = url.password
         self._where = url.redacted()
@@ -928,6 +932,9 @@ class MySQLBackend:
         """Re-raise ``exc``; a driver exception becomes a chained :class:`BackendError`."""
         if isinstance(exc, DRIVER_ERRORS):
             detail = str(exc)
+            cause = exc.__cause__
+            if cause is not None:  # aiomysql's "Can't connect" hides why (a TLS failure...)
+                detail = f"{detail} ({type(cause).__name__}: {cause})"
             if self._password:
                 detail = detail.replace(self._password, "***")
             raise BackendError(
