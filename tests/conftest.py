@@ -59,6 +59,7 @@ from aiodlock.testing.conformance import unmet_needs
 if TYPE_CHECKING:
     from tests.servers import RedisServer, TLSFiles
     from tests.support_mysql import MariaDBServer
+    from tests.support_sentinel import SentinelDeployment
     from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 _BACKEND_MARKER = re.compile(r"^(?P<name>\w+):\s*backend\b")
@@ -170,6 +171,16 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelDeployment]:
+    """A master, its replica and three sentinels for the session (no failover on these: the
+    failover tests make their own)."""
+    from tests.support_sentinel import SentinelDeployment
+
+    with SentinelDeployment() as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")

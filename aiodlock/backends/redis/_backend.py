@@ -60,6 +60,7 @@ from ._blpop import BlockingSignals, BlpopWaiter
 from ._keys import Keys, keys_for
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
+from ._sentinel import SentinelSource
 from ._slots import wait_outcome
 from ._source import disconnect_quietly
 
@@ -140,7 +141,7 @@ class RedisBackend:
     options: ClassVar[Mapping[str, type]] = {
         "wakeup": str,
         "fence_ttl": float,
-        **NodeSource.options,
+        **SentinelSource.options,
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
@@ -155,7 +156,11 @@ class RedisBackend:
                 f"not {wakeup!r}"
             )
         self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
-        source: ConnectionSource = NodeSource(url, options)
+        source: ConnectionSource = (
+            SentinelSource(url, options)
+            if url.scheme == "redis+sentinel"
+            else NodeSource(url, options)
+        )
         self._source = source
         self._where = source.describe()
         self._wakeup = wakeup
