@@ -196,7 +196,6 @@ def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
 def mariadb_server() -> Iterator[MariaDBServer]:
     """One throw-away MariaDB for the session (tests use unique namespaces)."""
     from tests.support_mysql import MariaDBServer
-    from tests.support_postgres import PostgresServer
 
     with MariaDBServer() as server:
         yield server

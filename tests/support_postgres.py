@@ -65,10 +65,18 @@ def postgres_bin_dir() -> Path:
     return Path(candidates[-1]).parent
 
 
+def _postgres_binary() -> str:
+    """The ``postgres`` executable, or the bare name (then starting says how to install it)."""
+    try:
+        return str(postgres_bin_dir() / "postgres")
+    except RuntimeError:
+        return "postgres"
+
+
 class PostgresServer(ServerProcess):
     """A throw-away ``postgres`` with a database and a password-protected role (see module)."""
 
-    binary = "postgres"  # replaced by the absolute path in __init__
+    binary = _postgres_binary()
     # SIGINT is PostgreSQL's "fast" shutdown (SIGTERM waits for every client to leave).
     stop_signal: ClassVar[signal.Signals] = signal.SIGINT
 
@@ -85,7 +93,6 @@ class PostgresServer(ServerProcess):
         stop_timeout: float = 30.0,
     ) -> None:
         self._bin = postgres_bin_dir()
-        self.binary = str(self._bin / "postgres")
         super().__init__(port=port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.settings = dict(settings or {})
 
