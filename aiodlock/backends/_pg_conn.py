@@ -125,6 +125,11 @@ class Conn:
         """True once the connection cannot be used (closed by us or by the server)."""
         return bool(self._raw.is_closed()) or self.peer_closed
 
+    @property
+    def in_transaction(self) -> bool:
+        """True inside an explicit transaction (left open by an abandoned statement)."""
+        return bool(self._raw.is_in_transaction())
+
     async def fetchrow(self, sql: str, *args: Any, timeout: float | None) -> tuple[Any, ...]:
         """Run one statement (prepared and cached by asyncpg); its first row, or ``()``."""
         try:

@@ -33,12 +33,13 @@ could only make two names wait for each other; the fencing row, keyed by its own
 storing the namespace and name, detects one at the grant and refuses it.
 
 **Fencing.** One statement takes the lock and bumps the name's row in the fencing table
-(``fence_table``, created on first use): ``WITH got AS (SELECT pg_try_advisory_lock(...)) INSERT
-... ON CONFLICT DO UPDATE SET token = GREATEST(token + 1, <server clock, µs>) ... RETURNING
-token``. A missing row is seeded from the server clock in microseconds, so tokens keep
-increasing even after the row is deleted: rows untouched for ``fence_ttl`` (default 7 days,
-``0`` = never) are deleted now and then (at most once per ``min(fence_ttl, 1 hour)`` per
-client, 1000 rows at a time) — nothing per lock name lives forever.
+(``fence_table``, created by the first client that connects): ``WITH got AS (SELECT
+pg_try_advisory_lock(...)) INSERT ... ON CONFLICT DO UPDATE SET token = GREATEST(token + 1,
+<server clock, µs>) ... RETURNING token``. A missing row is seeded from the server clock in
+microseconds, so tokens keep increasing even after the row is deleted: rows untouched for
+``fence_ttl`` (default 7 days, ``0`` = never) are deleted now and then (at most once per
+``min(fence_ttl, 1 hour)`` per client, 1000 rows at a time) — nothing per lock name lives
+forever.
 
 **Kinds.** Mutex: ``pg_try_advisory_lock``. Read/write: ``pg_try_advisory_lock_shared`` for
 readers, the exclusive lock for writers, on one key. Semaphore of limit N: N slot keys, tried
@@ -969,6 +970,10 @@ class PostgresBackend:
             return
         try:
             await conn.script(_CLEAN, timeout=self._query_timeout)
+            # Abandoned inside a transaction (a semaphore's limit check): closing is simpler
+            # than knowing what the transaction did.
+            if conn.in_transaction:
+                raise RuntimeError("left inside a transaction")
         except Exception as exc:
             logger.debug("janitor closes a connection to %s: %s", self._where, exc)
             self._discard(conn)
