@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import quote
 
 from aiodlock.backends import parse_url
-from tests.servers import INSTALL_HINT, ServerProcess
+from tests.servers import INSTALL_HINT, ServerProcess, TLSFiles
 
 if TYPE_CHECKING:
     import aiodlock
@@ -89,12 +89,14 @@ class PostgresServer(ServerProcess):
         *,
         port: int | None = None,
         settings: dict[str, str] | None = None,
+        tls: TLSFiles | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 30.0,
     ) -> None:
         self._bin = postgres_bin_dir()
         super().__init__(port=port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.settings = dict(settings or {})
+        self.tls = tls
 
     @property
     def data_dir(self) -> Path:
@@ -168,6 +170,31 @@ class PostgresServer(ServerProcess):
         output = result.stdout.decode(errors="replace")
         if result.returncode != 0 or "ERROR" in output:
             raise RuntimeError(f"creating the test role failed ({result.returncode}):\n{output}")
+        if self.tls is not None:
+            self._install_tls(self.tls)
+
+    def _install_tls(self, files: TLSFiles) -> None:
+        """Copy the server's certificate, key and CA where the server user can read them (the
+        key must be private to it). Plain and TLS connections are both accepted; a client
+        certificate is checked when one is presented."""
+        for source, name in (
+            (files.server_cert, "server.crt"),
+            (files.server_key, "server.key"),
+            (files.ca, "ca.crt"),
+        ):
+            target = self.data_dir / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if os.geteuid() == 0:
+                entry = pwd.getpwnam(_UNPRIVILEGED)
+                os.chown(target, entry.pw_uid, entry.pw_gid)
+        self.settings = {
+            "ssl": "on",
+            "ssl_cert_file": "server.crt",
+            "ssl_key_file": "server.key",
+            "ssl_ca_file": "ca.crt",
+            **self.settings,
+        }
 
     def command(self) -> list[str]:
         settings = {
@@ -276,6 +303,14 @@ class PostgresProbe:
             (int(pid), int(key), str(mode), bool(granted))
             for pid, key, mode, granted in await self.rows(_ADVISORY)
         ]
+
+    async def tls_sessions(self) -> list[tuple[bool, str | None]]:
+        """``(ssl, client_dn)`` of every aiodlock session (``application_name``)."""
+        rows = await self.rows(
+            "SELECT s.ssl, s.client_dn FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+            "WHERE a.application_name = 'aiodlock'"
+        )
+        return [(bool(ssl), None if dn is None else str(dn)) for ssl, dn in rows]
 
     async def sessions(self) -> int:
         """Client sessions of the test role, the probe's own excepted."""

@@ -26,7 +26,7 @@ import pytest
 import aiodlock
 from aiodlock.testing import History
 from tests.helpers import eventually
-from tests.servers import free_port
+from tests.servers import TLSFiles, free_port
 from tests.support_postgres import PostgresProbe, PostgresServer, advisory_key, fence_key
 
 if TYPE_CHECKING:
@@ -514,3 +514,87 @@ def test_inventory_example_is_exact(postgres_url: str) -> None:
     for strategy in ("2.", "3.", "4."):
         assert rows[strategy].rstrip().endswith("exact"), result.stdout
     assert PostgresServer.password not in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A CA, a server certificate for the IP address 127.0.0.1 only (not "localhost", so
+    that host-name checking shows), and a client certificate."""
+    import trustme
+
+    directory = tmp_path_factory.mktemp("pgtls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("client.aiodlock.test")
+    files = TLSFiles(
+        ca=directory / "ca.pem",
+        server_cert=directory / "server.pem",
+        server_key=directory / "server.key",
+        client=directory / "client.pem",
+    )
+    ca.cert_pem.write_to_path(str(files.ca))
+    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
+    server.private_key_pem.write_to_path(str(files.server_key))
+    client.private_key_and_cert_chain_pem.write_to_path(str(files.client))
+    return files
+
+
+@pytest.fixture(scope="module")
+def tls_server(tls_files: TLSFiles) -> Iterator[PostgresServer]:
+    with PostgresServer(tls=tls_files) as server:
+        yield server
+
+
+async def test_tls_verify_full_with_a_client_certificate(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str
+) -> None:
+    url = (
+        f"{tls_server.url}?sslmode=verify-full&sslrootcert={tls_files.ca}"
+        f"&sslcert={tls_files.client}&sslkey={tls_files.client}"
+    )
+    probe = await PostgresProbe.open(tls_server.url)
+    try:
+        async with connect(url, ns) as a, connect(tls_server.url, ns) as b, a.lock("tls"):
+            assert await b.lock("tls").try_acquire() is None
+            # a's sessions show its client certificate (trustme's subject); b presented none.
+            sessions = await probe.tls_sessions()
+            assert all(ssl for ssl, _ in sessions), sessions
+            assert any(dn is not None and "trustme" in dn for _, dn in sessions), sessions
+            assert (True, None) in sessions  # b: sslmode=prefer by default
+    finally:
+        await probe.aclose()
+
+
+@pytest.mark.parametrize("mode", ["require", "verify-ca"])
+async def test_tls_modes_encrypt(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str, mode: str
+) -> None:
+    # verify-ca checks the chain, not the name: "localhost" is not in the certificate.
+    url = tls_server.url.replace("127.0.0.1", "localhost") + f"?sslmode={mode}"
+    if mode == "verify-ca":
+        url += f"&sslrootcert={tls_files.ca}"
+    probe = await PostgresProbe.open(tls_server.url)
+    try:
+        async with connect(url, ns) as a, a.lock("tls"):
+            assert [ssl for ssl, _ in await probe.tls_sessions()] == [True]
+    finally:
+        await probe.aclose()
+
+
+async def test_tls_refuses_a_wrong_host_name_or_ca(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str, tmp_path: Path
+) -> None:
+    import trustme
+
+    wrong_name = tls_server.url.replace("127.0.0.1", "localhost")
+    with pytest.raises(aiodlock.BackendError, match="postgres connect failed"):
+        async with connect(f"{wrong_name}?sslmode=verify-full&sslrootcert={tls_files.ca}", ns):
+            pass
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    with pytest.raises(aiodlock.BackendError, match="postgres connect failed"):
+        async with connect(f"{tls_server.url}?sslmode=verify-ca&sslrootcert={other_ca}", ns):
+            pass
