@@ -165,17 +165,22 @@ async def test_server_restart_under_load_never_gives_two_holders(
     restartable: PostgresServer, ns: str, fault: str
 ) -> None:
     url = restartable.url
+    loop = asyncio.get_running_loop()
     history = History()
     outcomes: list[str] = []
     entered = asyncio.Event()
+    lost_at = 0.0
 
     async def holder(client: aiodlock.LockClient) -> None:
+        nonlocal lost_at
         try:
-            async with client.lock("job", ttl=2) as lease:
+            # ttl=30: the next keep-alive is 10 s away, so only the socket watch can be prompt.
+            async with client.lock("job", ttl=30) as lease:
                 with history.hold("holder", lease.fencing_token):
                     entered.set()
                     await asyncio.sleep(60)
         except aiodlock.LockLostError:
+            lost_at = loop.time()
             outcomes.append("holder lost")
 
     async def waiter(client: aiodlock.LockClient, i: int) -> None:
@@ -200,12 +205,14 @@ async def test_server_restart_under_load_never_gives_two_holders(
             await eventually(lambda: _waits_at_least(probe, 6))
         finally:
             await probe.aclose()
+        fault_at = loop.time()
         if fault == "restart":
             await asyncio.to_thread(restartable.restart)
         else:
             await asyncio.to_thread(lambda: restartable.kill().start())
         async with asyncio.timeout(60):
             await asyncio.gather(hold_task, *waiters)
+        assert lost_at - fault_at < 3.0, "the holder was told late"
         # The clients are usable again, and the fencing table survived: tokens keep growing.
         async with a.lock("job", timeout=10) as after:
             assert after.fencing_token > max(h.token for h in history.holds)
