@@ -10,7 +10,8 @@ in that directory too, and a database plus a login role *with a password* (so pa
 redaction is tested for real), made in single-user mode before the first start. It never
 touches the machine's own PostgreSQL on 5432. PostgreSQL refuses to run as root, so when the
 tests run as root the cluster belongs to ``nobody`` and every server command runs as that user
-(``setpriv``, which ``exec``\\s: the server stays our child, so SIGSTOP and SIGKILL reach it).
+(through a small program that ``exec``\\s it: the server stays our child, so SIGSTOP and SIGKILL
+reach it).
 
 :class:`PostgresProbe` looks behind the library's back with a plain asyncpg connection:
 ``break_lock`` terminates the backends holding a lock (``pg_terminate_backend``, as an operator
@@ -27,6 +28,8 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import quote
@@ -42,6 +45,18 @@ __all__ = ["PostgresProbe", "PostgresServer", "advisory_key", "fence_key", "post
 SETTLE_SECONDS: Final = 3.0
 """How long :meth:`PostgresProbe.leftovers` lets the server finish tearing down sessions."""
 _UNPRIVILEGED: Final = "nobody"
+_DROP_PRIVILEGES: Final = """
+import ctypes, os, sys
+uid, gid, parent, die_with_parent = map(int, sys.argv[1:5])
+os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)
+if die_with_parent:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != parent:
+        os._exit(1)
+os.execv(sys.argv[5], sys.argv[5:])
+"""
 
 
 def postgres_bin_dir() -> Path:
@@ -109,16 +124,26 @@ class PostgresServer(ServerProcess):
         return f"postgresql://{self.user}:{password}@{self.host}:{self.port}/{self.database}"
 
     def _as_owner(self) -> list[str]:
-        """The argv prefix that runs a command as the cluster's owner (root cannot)."""
+        """The argv prefix that runs a command as the cluster's owner (root cannot).
+
+        A small Python program drops to that user and ``exec``\\s the command, so the server
+        stays our child. It also sets the parent-death signal *after* changing user (the
+        kernel clears the one tests/servers.py sets when the user changes; ``setpriv
+        --pdeathsig`` sets it too early) — from the main thread only, as that hook does: the
+        signal follows the forking *thread*, and a worker thread may end first.
+        """
         if os.geteuid() != 0:
             return []
         entry = pwd.getpwnam(_UNPRIVILEGED)
+        main = threading.current_thread() is threading.main_thread()
         return [
-            "setpriv",
-            f"--reuid={entry.pw_uid}",
-            f"--regid={entry.pw_gid}",
-            "--clear-groups",
-            "--",
+            sys.executable,
+            "-c",
+            _DROP_PRIVILEGES,
+            str(entry.pw_uid),
+            str(entry.pw_gid),
+            str(os.getpid()),
+            "1" if main else "0",
         ]
 
     def prepare(self) -> None:
