@@ -23,6 +23,7 @@ a round trip per new name per client; the hash costs neither.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Final
@@ -32,6 +33,9 @@ __all__ = ["advisory_key", "check_table_name", "fence_key", "split_key"]
 _TABLE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
+# Cached: the same few names are locked again and again, and SHA-256 plus the encoding is
+# most of the client's own work on an uncontended grant.
+@functools.lru_cache(maxsize=4096)
 def _hash64(*parts: str) -> int:
     # Lock names are validated with surrogatepass (lone surrogates are allowed in str).
     data = b"\x00".join(p.encode("utf-8", "surrogatepass") for p in parts)

@@ -392,7 +392,7 @@ class PostgresBackend:
         self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
         self._waiting = 0
         self._server_version = ""
-        self._table_ready = False
+        self._sql: dict[tuple[bool, int, bool], str] = {}
 
     # ------------------------------------------------------------------ lifetime
 
@@ -425,7 +425,6 @@ class PostgresBackend:
             await self.aclose()
             self._raise_translated(exc, "connect")
         self._server_version = str(version)
-        self._table_ready = True
         self._checkin(conn)
 
     async def aclose(self) -> None:
@@ -650,7 +649,6 @@ class PostgresBackend:
         """Take the lock and bump its fencing row in one statement (``claiming``: the session
         got it inside a wait; bump only). ``(slot or -1, token, recorded sem_limit)``; the
         token is None when the row belongs to another name."""
-        table = self._table
         args: list[Any] = [
             fence_key(spec.namespace, spec.name),
             spec.namespace,
@@ -658,19 +656,10 @@ class PostgresBackend:
             spec.limit if spec.kind is Kind.SEMAPHORE else None,
             str(_session_timeout_ms(ttl)),
         ]
-        if claiming:
-            bump = _BUMP.format(table=table, clock=_CLOCK_US, source="")
-            sql = _CLAIM.format(bump=bump)
-        else:
-            keys = self._keys(spec)
-            shared = "_shared" if spec.kind is Kind.READ else ""
-            try_ = f"pg_try_advisory_lock{shared}"
-            whens = " ".join(
-                f"WHEN {try_}(($6::bigint[])[{i + 1}]) THEN {i}" for i in range(len(keys))
-            )
-            bump = _BUMP.format(table=table, clock=_CLOCK_US, source="FROM got WHERE got.slot >= 0")
-            sql = _GRANT.format(whens=whens, bump=bump)
+        keys = self._keys(spec)
+        if not claiming:
             args.append(keys)
+        sql = self._grant_sql(spec.kind is Kind.READ, len(keys), claiming)
         row = await conn.fetchrow(sql, *args, timeout=self._query_timeout)
         slot, token, recorded = row[0], row[1], row[2]
         return (
@@ -678,6 +667,25 @@ class PostgresBackend:
             None if token is None else int(token),
             None if recorded is None else int(recorded),
         )
+
+    def _grant_sql(self, shared: bool, slots: int, claiming: bool) -> str:
+        """The grant (or claim) statement for this many slots, made once per shape."""
+        shape = (shared, slots, claiming)
+        sql = self._sql.get(shape)
+        if sql is None:
+            if claiming:
+                bump = _BUMP.format(table=self._table, clock=_CLOCK_US, source="")
+                sql = _CLAIM.format(bump=bump)
+            else:
+                try_ = f"pg_try_advisory_lock{'_shared' if shared else ''}"
+                whens = " ".join(
+                    f"WHEN {try_}(($6::bigint[])[{i + 1}]) THEN {i}" for i in range(slots)
+                )
+                source = "FROM got WHERE got.slot >= 0"
+                bump = _BUMP.format(table=self._table, clock=_CLOCK_US, source=source)
+                sql = _GRANT.format(whens=whens, bump=bump)
+            self._sql[shape] = sql
+        return sql
 
     async def _claim_limit(self, spec: LockSpec, conn: Conn) -> int | None:
         """Check the semaphore's recorded limit, on the session that just took a slot; None
