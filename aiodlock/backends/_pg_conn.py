@@ -73,7 +73,6 @@ class Conn:
         "lease_event",
         "peer_closed",
         "pid",
-        "session_timeout",
     )
 
     def __init__(self, raw: Any) -> None:
@@ -85,8 +84,6 @@ class Conn:
         self.peer_closed = False
         self.doubtful = False
         """A reply was abandoned: the session may hold something we did not see granted."""
-        self.session_timeout = 0
-        """The ``idle_session_timeout`` (ms) the session runs with now (0: none)."""
         self.lease_event: asyncio.Event | None = None
         self.io = asyncio.Lock()
         """Serialises a keep-alive in flight with the release that follows it."""

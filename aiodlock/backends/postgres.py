@@ -537,7 +537,6 @@ class PostgresBackend:
             raise LimitMismatchError(spec.name, in_use, spec.limit)
         acq.granted = True
         acq.event = conn.lease_event = asyncio.Event()
-        conn.session_timeout = _session_timeout_ms(ttl)
         if conn.peer_closed:  # the server hung up right after the grant
             acq.event.set()
         self._maybe_sweep()
@@ -590,7 +589,6 @@ class PostgresBackend:
                 acq.dropped = True
                 self._scrap(acq, close=True)
                 raise
-        conn.session_timeout = wanted
         if not row or row[0] is not True:
             self._lose(acq)
             return False
@@ -786,7 +784,6 @@ class PostgresBackend:
             if isinstance(exc, DRIVER_ERRORS):
                 return False
             raise
-        conn.session_timeout = 0
         self._checkin(conn)
         return bool(row and row[0] is True)
 
@@ -987,7 +984,6 @@ class PostgresBackend:
             self._discard(conn)
             return
         conn.doubtful = False
-        conn.session_timeout = 0
         self._checkin(conn)
 
     async def _sweep(self) -> None:
