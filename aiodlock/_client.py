@@ -41,7 +41,7 @@ from ._validate import (
     check_ttl,
     convert_query,
 )
-from .backends._protocol import Backend, Kind, LockSpec
+from .backends._protocol import Backend, Kind, LockSpec, Settler
 from .backends._registry import load
 
 __all__ = ["ClientStatistics", "LockClient", "connect"]
@@ -326,10 +326,13 @@ class LockClient:
     async def settle(self) -> None:
         """Wait until the compensating releases running in the background are done.
 
-        They run after a cancelled acquire or release; a test (or a shutdown hook) that wants
-        to see the service in its final state awaits this first.
+        They run after a cancelled acquire or release, and in backends that clean up in the
+        background (giving back a wakeup, leaving a wait queue); a test (or a shutdown hook)
+        that wants to see the service in its final state awaits this first.
         """
         await self._supervisor.settle()
+        if isinstance(self._backend, Settler):
+            await self._backend.settle()
 
     def __repr__(self) -> str:
         return (

@@ -58,7 +58,7 @@ from aiodlock.backends import parse_url
 from aiodlock.testing.conformance import unmet_needs
 
 if TYPE_CHECKING:
-    from tests.servers import RedisServer
+    from tests.servers import RedisServer, TLSFiles
     from tests.support_mysql import MariaDBServer
     from tests.support_postgres import PostgresServer
     from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
@@ -218,3 +218,31 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def postgres_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A CA, a server certificate for the IP address 127.0.0.1 only (not "localhost", so
+    that host-name checking shows), and a client certificate."""
+    import trustme
+
+    from tests.servers import TLSFiles
+
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("client@aiodlock.test")
+    files = TLSFiles(
+        ca=directory / "ca.pem",
+        server_cert=directory / "server.pem",
+        server_key=directory / "server.key",
+        client=directory / "client.pem",
+    )
+    ca.cert_pem.write_to_path(str(files.ca))
+    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
+    server.private_key_pem.write_to_path(str(files.server_key))
+    client.private_key_and_cert_chain_pem.write_to_path(str(files.client))
+    # The same client certificate as two files, for ssl_certfile + ssl_keyfile.
+    client.cert_chain_pems[0].write_to_path(str(directory / "client-cert.pem"))
+    client.private_key_pem.write_to_path(str(directory / "client-key.pem"))
+    return files

@@ -248,7 +248,8 @@ async def test_hundred_cancelled_waiters_leave_no_lock_and_no_connection(
         assert took < 2.0, took
         assert backend_of(c).statistics()["waiters"] == 0
         # The janitor cleaned the cancelled sessions; the client keeps its small idle list.
-        await eventually(lambda: _idle_settled(c))
+        await c.settle()  # the janitor has cleaned the cancelled sessions
+        assert await _idle_settled(c)
         assert backend_of(c).statistics()["connections"] <= 8
         mine = (
             backend_of(c).statistics()["connections"]
@@ -524,29 +525,6 @@ def test_inventory_example_is_exact(postgres_url: str) -> None:
 
 
 # ---------------------------------------------------------------------- TLS
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    """A CA, a server certificate for the IP address 127.0.0.1 only (not "localhost", so
-    that host-name checking shows), and a client certificate."""
-    import trustme
-
-    directory = tmp_path_factory.mktemp("pgtls")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("client.aiodlock.test")
-    files = TLSFiles(
-        ca=directory / "ca.pem",
-        server_cert=directory / "server.pem",
-        server_key=directory / "server.key",
-        client=directory / "client.pem",
-    )
-    ca.cert_pem.write_to_path(str(files.ca))
-    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
-    server.private_key_pem.write_to_path(str(files.server_key))
-    client.private_key_and_cert_chain_pem.write_to_path(str(files.client))
-    return files
 
 
 @pytest.fixture(scope="module")

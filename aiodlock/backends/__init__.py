@@ -23,6 +23,7 @@ from ._protocol import (
     Kind as Kind,
     LockInfo as LockInfo,
     LockSpec as LockSpec,
+    Settler as Settler,
     Waiter as Waiter,
 )
 from ._registry import load as load_backend, schemes as schemes
@@ -39,6 +40,7 @@ __all__ = [
     "LockInfo",
     "LockSpec",
     "ParsedURL",
+    "Settler",
     "Waiter",
     "load_backend",
     "parse_url",

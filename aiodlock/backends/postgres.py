@@ -449,6 +449,12 @@ class PostgresBackend:
                     future.set_result(None)
             self._state = "closed"
 
+    async def settle(self) -> None:
+        """Wait for the janitor (:class:`~aiodlock.backends.Settler`): sessions in doubt
+        cleaned or closed, and a fencing-row sweep under way finished."""
+        while self._janitor is not None and not self._janitor.done():
+            await asyncio.wait((self._janitor,))
+
     def check(self, spec: LockSpec) -> None:
         """Semaphores are N advisory keys: refuse an unreasonable N when the lock is built."""
         if spec.kind is Kind.SEMAPHORE and spec.limit > MAX_SEMAPHORE_LIMIT:
