@@ -375,6 +375,25 @@ async def test_fence_ttl_deletes_idle_rows_and_tokens_still_increase(
         assert (await probe.rows(query, fence_key(ns, "kept")))[0][0] == 1
 
 
+async def test_a_sweep_deletes_a_backlog_in_batches(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """2500 rows idle for two hours: one sweep (three batches of 1000) deletes them all, and
+    no row used within fence_ttl."""
+    await probe.rows(
+        "INSERT INTO aiodlock_fence (lock_key, namespace, name, token, touched) "
+        "SELECT -(i + 1000000)::bigint * 7919, $1, 'stale' || i, 1, "
+        "clock_timestamp() - interval '2 hours' FROM generate_series(1, 2500) AS i",
+        ns,
+    )
+    count = "SELECT count(*) FROM aiodlock_fence WHERE namespace = $1"
+    async with connect(postgres_url, ns, fence_ttl=3600) as a:
+        async with a.lock("fresh"):  # the client's first grant schedules a sweep
+            pass
+        await a.settle()  # the janitor's sweep is done
+        assert (await probe.rows(count, ns))[0][0] == 1  # only "fresh" is left
+
+
 async def _row_count_is(probe: PostgresProbe, key: int, count: int) -> bool:
     rows = await probe.rows("SELECT count(*) FROM aiodlock_fence WHERE lock_key = $1", key)
     return bool(rows[0][0] == count)

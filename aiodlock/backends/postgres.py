@@ -38,7 +38,7 @@ pg_try_advisory_lock(...)) INSERT ... ON CONFLICT DO UPDATE SET token = GREATEST
 <server clock, µs>) ... RETURNING token``. A missing row is seeded from the server clock in
 microseconds, so tokens keep increasing even after the row is deleted: rows untouched for
 ``fence_ttl`` (default 7 days, ``0`` = never) are deleted now and then (at most once per
-``min(fence_ttl, 1 hour)`` per client, 1000 rows at a time) — nothing per lock name lives
+``min(fence_ttl, 1 hour)`` per client, up to 10 batches of 1000 rows) — nothing per name lives
 forever.
 
 **Kinds.** Mutex: ``pg_try_advisory_lock``. Read/write: ``pg_try_advisory_lock_shared`` for
@@ -92,6 +92,7 @@ _DEFAULT_FENCE_TABLE: Final = "aiodlock_fence"
 _DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
 _MAX_SWEEP_INTERVAL: Final = 3600.0
 _SWEEP_BATCH: Final = 1000
+_SWEEP_BATCHES: Final = 10  # per sweep: a huge backlog is worked off over several sweeps
 MAX_SEMAPHORE_LIMIT: Final = 256
 """One advisory key per permit, all tried in one statement: keep N reasonable."""
 _PING_AFTER_IDLE: Final = 2.0
@@ -161,9 +162,10 @@ _RELEASE: Final = (
 _CLEAN: Final = (
     "SELECT pg_advisory_unlock_all(); SET idle_session_timeout = 0; SET lock_timeout = 0"
 )
-_SWEEP: Final = """DELETE FROM {table} WHERE lock_key IN (
+_SWEEP: Final = """WITH gone AS (DELETE FROM {table} WHERE lock_key IN (
     SELECT lock_key FROM {table} WHERE touched < clock_timestamp() - make_interval(secs => $1)
-    LIMIT {batch} FOR UPDATE SKIP LOCKED)"""
+    LIMIT {batch} FOR UPDATE SKIP LOCKED) RETURNING 1)
+SELECT count(*) FROM gone"""
 
 
 def _family(kind: Kind) -> str:
@@ -993,13 +995,15 @@ class PostgresBackend:
         self._checkin(conn)
 
     async def _sweep(self) -> None:
+        """Delete fencing rows idle for ``fence_ttl``, a batch at a time (short statements
+        that skip rows a grant is bumping), until a batch comes back short."""
         conn = await self._checkout()
+        sql = _SWEEP.format(table=self._table, batch=_SWEEP_BATCH)
         try:
-            await conn.fetchrow(
-                _SWEEP.format(table=self._table, batch=_SWEEP_BATCH),
-                self._fence_ttl,
-                timeout=self._query_timeout,
-            )
+            for _ in range(_SWEEP_BATCHES):
+                row = await conn.fetchrow(sql, self._fence_ttl, timeout=self._query_timeout)
+                if not row or int(row[0]) < _SWEEP_BATCH:
+                    break
         finally:
             self._checkin(conn)
 
