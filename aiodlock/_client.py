@@ -72,7 +72,8 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
 
     Args:
         url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
-            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``, and
+            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``,
+            ``postgresql://user:password@host:port/db`` (also ``postgres://``), and
             any scheme an installed package registers (entry-point group ``aiodlock.backends``).
             Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
             Special characters in a user name or password must be percent-encoded.

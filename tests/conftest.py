@@ -12,9 +12,9 @@ Layout:
 
 **Markers.** Every test carries the marker of the backend it needs: ``memory`` (no server, no
 driver: what ``pip install -e '.[dev]' && pytest -m memory`` runs), ``redis``, ``zookeeper``,
-``mysql``. A test without one is a collection error. A new backend registers its marker in
-``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting with
-``backend:``, which is how this file tells backend markers from others), adds its server
+``mysql``, ``postgres``. A test without one is a collection error. A new backend registers
+its marker in ``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting
+with ``backend:``, which is how this file tells backend markers from others), adds its server
 fixture below (importing its driver and harness inside the fixture, never at module level:
 collection must work without any driver installed), and a ``tests/backends/test_<name>.py``
 with ``pytestmark = pytest.mark.<name>``.
@@ -48,6 +48,7 @@ pytest.register_assert_rewrite(
     "tests.helpers",
     "tests.support_memory",
     "tests.support_mysql",
+    "tests.support_postgres",
     "tests.support_redis",
     "tests.support_zookeeper",
 )
@@ -59,6 +60,7 @@ from aiodlock.testing.conformance import unmet_needs
 if TYPE_CHECKING:
     from tests.servers import RedisServer, TLSFiles
     from tests.support_mysql import MariaDBServer
+    from tests.support_postgres import PostgresServer
     from tests.support_sentinel import SentinelDeployment
     from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
@@ -213,6 +215,20 @@ def mariadb_server() -> Iterator[MariaDBServer]:
 @pytest.fixture(scope="session")
 def mysql_url(mariadb_server: MariaDBServer) -> str:
     return mariadb_server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throw-away PostgreSQL for the session (tests use unique namespaces)."""
+    from tests.support_postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,7 @@ def test_exception_tree() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("etcd://x", "known schemes: memory://, mysql://, redis://"),
+        ("etcd://x", "known schemes: memory://, mysql://, postgres://, postgresql://, redis://"),
         ("nonsense", "unknown URL scheme"),
         ("redis://h:99999", "port out of range"),
         ("redis://h:abc", "bad port"),
@@ -85,6 +85,7 @@ NASTY_URLS = [
     ("redis:Sc4rab://Ee1x@host", "Sc4rab://Ee1x"),
     ("redis//:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
     ("mysql://app:Sc4rab/Ee1x@db:3306/shop", "Sc4rab/Ee1x"),
+    ("postgresql://app:Sc4rab#Ee1x@db:5432/shop", "Sc4rab#Ee1x"),
     ("zookeeper://:Sc4rab?Ee1x@h1:2181,h2:2181/locks", "Sc4rab?Ee1x"),
     ("etcd://app:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
 ]
