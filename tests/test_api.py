@@ -310,3 +310,26 @@ async def test_the_memory_store_keeps_nothing_for_names_nobody_uses() -> None:
         assert locks.statistics().backend["entries"] == 0
         async with locks.lock("name-0") as again:
             assert again.fencing_token > first.fencing_token
+
+
+def test_public_signatures_show_public_types_only() -> None:
+    """help() and mypy messages show the signatures: no private name may appear in them
+    (a private ``_Unset`` default marker used to)."""
+    import inspect
+
+    seen = 0
+    for name in aiodlock.__all__:
+        obj = getattr(aiodlock, name)
+        members = [obj] if inspect.isfunction(obj) else []
+        if inspect.isclass(obj):
+            public = [getattr(obj, n) for n in dir(obj) if not n.startswith("_")]
+            members += [m for m in public if callable(m)]
+        for member in members:
+            try:
+                signature = str(inspect.signature(member))
+            except (TypeError, ValueError):
+                continue
+            seen += 1
+            private = re.findall(r"(?<![\w.])_[A-Za-z]\w*|\._\w+", signature)
+            assert not private, f"{name}.{getattr(member, '__name__', '')}{signature}"
+    assert seen > 20  # the client's and the locks' methods, connect()...
