@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 import redis
 
@@ -63,6 +63,20 @@ class RedisSentinelServer(RedisServer):
     def client(self) -> redis.Redis:
         return redis.Redis(self.host, self.port, socket_timeout=2, decode_responses=True)
 
+    def master_address(self) -> tuple[str, int]:
+        """``SENTINEL GET-MASTER-ADDR-BY-NAME``."""
+        host, port = self._ask("SENTINEL GET-MASTER-ADDR-BY-NAME")
+        return str(host), int(port)
+
+    def knows(self) -> tuple[int, int]:
+        """How many replicas and other sentinels of :data:`SERVICE` this sentinel knows."""
+        replicas = self._ask("SENTINEL REPLICAS")
+        sentinels = self._ask("SENTINEL SENTINELS")
+        return len(replicas), len(sentinels)
+
+    def _ask(self, command: str) -> Any:
+        return self.client().execute_command(command, SERVICE)  # type: ignore[no-untyped-call]
+
 
 class SentinelDeployment:
     """A master, a replica of it, and three sentinels (quorum 2) monitoring :data:`SERVICE`.
@@ -73,8 +87,11 @@ class SentinelDeployment:
     """
 
     def __init__(self, *, down_after_ms: int = 10_000, ready_timeout: float = 30.0) -> None:
-        self.master = RedisServer()
-        self.replica = RedisServer()
+        # Diskless, at once: a replica (re)joining is in sync in milliseconds, not after the
+        # default 5 s delay (a replica still waiting for its first sync acknowledges nothing).
+        sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        self.master = RedisServer(args=sync)
+        self.replica = RedisServer(args=sync)
         self.sentinels = [
             RedisSentinelServer(self.master, down_after_ms=down_after_ms) for _ in range(3)
         ]
@@ -92,13 +109,14 @@ class SentinelDeployment:
 
     def start(self) -> SentinelDeployment:
         self.master.start()
-        self.replica.args = ["--replicaof", self.master.host, str(self.master.port)]
+        self.replica.args += ["--replicaof", self.master.host, str(self.master.port)]
         self.replica.start()
         for sentinel in self.sentinels:
             sentinel.start()
         # Ready when every sentinel knows the replica and the two other sentinels: only then
         # can a failover be agreed on and carried out.
         self._wait(self._ready, "the sentinels to discover the replica and each other")
+        self.wait_for_replica(self.replica)
         return self
 
     def master_address(self) -> tuple[str, int]:
@@ -107,10 +125,9 @@ class SentinelDeployment:
             if not sentinel.running or sentinel.paused:
                 continue
             try:
-                host, port = sentinel.client().sentinel_get_master_addr_by_name(SERVICE)
+                return sentinel.master_address()
             except redis.RedisError:
                 continue
-            return str(host), int(port)
         raise RuntimeError("no sentinel answers")
 
     def current_master(self) -> RedisServer:
@@ -137,8 +154,8 @@ class SentinelDeployment:
         def promoted() -> bool:
             for sentinel in self.sentinels:
                 if sentinel.running and not sentinel.paused:
-                    _, port = sentinel.client().sentinel_get_master_addr_by_name(SERVICE)
-                    if int(port) != new.port:
+                    _, port = sentinel.master_address()
+                    if port != new.port:
                         return False
             role = redis.Redis(new.host, new.port, socket_timeout=2).role()
             return bool(role[0] == b"master")
@@ -157,10 +174,8 @@ class SentinelDeployment:
 
     def _ready(self) -> bool:
         for sentinel in self.sentinels:
-            client = sentinel.client()
-            if len(client.sentinel_slaves(SERVICE)) < 1:
-                return False
-            if len(client.sentinel_sentinels(SERVICE)) < len(self.sentinels) - 1:
+            replicas, others = sentinel.knows()
+            if replicas < 1 or others < len(self.sentinels) - 1:
                 return False
         return True
 

@@ -15,19 +15,23 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
 
 import aiodlock
 from aiodlock.testing import History, Hold
-from tests.support_sentinel import SentinelDeployment
+
+if TYPE_CHECKING:
+    from tests.support_sentinel import SentinelDeployment
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
 def deployment() -> Iterator[SentinelDeployment]:
+    from tests.support_sentinel import SentinelDeployment  # imports the driver
+
     with SentinelDeployment(down_after_ms=1000) as made:
         yield made
 
@@ -86,36 +90,63 @@ async def _until(condition: object, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_sentinel_failover_under_load(deployment: SentinelDeployment) -> None:
-    load = Load(deployment.url)
+def _check(load: Load, *, durable: bool) -> None:
+    """With ``wait_replicas=1`` every grant is on the replica before it is returned, so a
+    failover loses none: no two holders overlap. Without it, a grant made on the old master
+    just before the failover can be lost and given again, with the holders overlapping for a
+    moment (asynchronous replication): what must hold then is fencing -- no token twice, and
+    the holder that began later always has the larger token, so a resource that checks tokens
+    refuses the other."""
+    if durable:
+        History(load.clean).check(max_holders=1)
+        return
+    ordered = sorted(load.clean, key=lambda hold: hold.start)
+    tokens = [hold.token for hold in ordered]
+    assert tokens == sorted(set(tokens)), "fencing order broken across the failover"
+
+
+DURABILITY = pytest.mark.parametrize("durable", [True, False], ids=["wait_replicas", "async"])
+
+
+@DURABILITY
+async def test_sentinel_failover_under_load(
+    deployment: SentinelDeployment, durable: bool
+) -> None:
+    load = Load(deployment.url + ("?wait_replicas=1" if durable else ""))
     old = deployment.current_master()
     after = await load.run_through(deployment.failover)
     assert deployment.current_master() is not old
-    History(load.clean).check(max_holders=1)
+    _check(load, durable=durable)
     assert after >= 20
 
 
-async def test_killed_master_under_load(deployment: SentinelDeployment) -> None:
-    load = Load(deployment.url)
+@DURABILITY
+async def test_killed_master_under_load(deployment: SentinelDeployment, durable: bool) -> None:
+    load = Load(deployment.url + ("?wait_replicas=1" if durable else ""))
     old = deployment.current_master()
 
     def kill_the_master() -> None:
         old.kill()
         deployment.wait_for_new_master(old)
+        # Back empty; the sentinels make it the new master's replica, so that wait_replicas
+        # can be met again (until then every grant of the durable run is refused).
+        old.start()
+        deployment.wait_for_replica(old)
 
     after = await load.run_through(kill_the_master)
     assert deployment.current_master() is not old
-    History(load.clean).check(max_holders=1)
+    _check(load, durable=durable)
     assert after >= 20
 
 
 async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
     deployment: SentinelDeployment,
 ) -> None:
-    """The replica is stopped while the lock is taken, so the key (and the fencing counter)
-    reach the master only; the master dies and the replica is promoted without them. The
+    """The replica is stopped and cut off while the lock is taken, so the key (and the fencing
+    counter) reach the master only; the master dies and the replica is promoted without them. The
     holder's next renewal finds no key: its body is cancelled with LockLostError (never a
     resurrected lease), and the next holder's token is still larger."""
+    import redis
     replica = next(s for s in deployment.servers if s is not deployment.current_master())
     master = deployment.current_master()
     async with (
@@ -124,6 +155,9 @@ async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
     ):
         replica.pause()
         try:
+            # Cut the replication link too: data the master had written to it would still be
+            # in the paused replica's socket buffer, and arrive on resume.
+            redis.Redis(master.host, master.port).client_kill_filter(_type="replica")
             entered = asyncio.Event()
             tokens: list[int] = []
 
@@ -144,3 +178,34 @@ async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
             await asyncio.wait_for(held, 15)
         async with other.lock("job", timeout=10) as lease:
             assert lease.fencing_token > tokens[0]
+
+
+async def test_wait_replicas_returns_a_grant_only_once_a_replica_has_it(
+    redis_sentinel: SentinelDeployment,
+) -> None:
+    """``wait_replicas=1``: each grant is followed by ``WAIT 1`` on its connection. With the
+    replica paused the grant cannot be made durable: the acquire fails with BackendError
+    within the WAIT's bound, and the lock it took is given back, not left to expire."""
+    url = redis_sentinel.url + "?wait_replicas=1"
+    loop = asyncio.get_running_loop()
+    async with (
+        aiodlock.connect(url, namespace="durable") as locks,
+        aiodlock.connect(redis_sentinel.url, namespace="durable") as other,
+    ):
+        async with locks.lock("job") as lease:
+            assert lease.held
+        replica = next(
+            s for s in redis_sentinel.servers if s is not redis_sentinel.current_master()
+        )
+        replica.pause()
+        try:
+            started = loop.time()
+            with pytest.raises(aiodlock.BackendError, match=r"reached 0 of the 1 replica"):
+                await locks.lock("job", ttl=30).acquire(timeout=10)
+            assert loop.time() - started < 3
+        finally:
+            replica.resume()
+        await locks.settle()
+        taken = await other.lock("job").try_acquire()
+        assert taken is not None  # given back at once, not after the 30 s lease
+        await taken.release()

@@ -76,6 +76,16 @@ __all__ = ["RedisBackend"]
 _WAKEUP_MODES: Final = ("pubsub", "blpop")
 # A lock name's fencing counter outlives its last grant by this long (see _scripts.next_token).
 _DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
+# wait_replicas: the longest a grant waits for its replicas (less if socket_timeout is short).
+_WAIT_MS: Final = 1000
+
+
+def _check_replicas(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"option wait_replicas must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"option wait_replicas must be >= 0, not {value}")
+    return value
 
 
 def _fence_ms(fence_ttl: object) -> int:
@@ -141,6 +151,7 @@ class RedisBackend:
     options: ClassVar[Mapping[str, type]] = {
         "wakeup": str,
         "fence_ttl": float,
+        "wait_replicas": int,
         **SentinelSource.options,
     }
 
@@ -156,6 +167,7 @@ class RedisBackend:
                 f"not {wakeup!r}"
             )
         self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
+        self._wait_replicas = _check_replicas(options.get("wait_replicas", 0))
         source: ConnectionSource = (
             SentinelSource(url, options)
             if url.scheme == "redis+sentinel"
@@ -172,7 +184,12 @@ class RedisBackend:
         self._cleanups: set[asyncio.Task[None]] = set()
         self._hub: PubSubHub | None = None
         self._signals: BlockingSignals | None = None
-        self._attempts = _Attempts()
+        replicated = None
+        if self._wait_replicas:
+            # Within a command's deadline, and well within a lease.
+            socket_ms = int(source.socket_timeout * 1000)
+            replicated = (self._wait_replicas, max(1, min(socket_ms // 2, _WAIT_MS)))
+        self._attempts = _Attempts(replicated)
         self._rechecks = _Rechecks()
         self._entries = _Entries()
         self._opened = False
@@ -530,9 +547,11 @@ class _Attempts:
     core may compensate twice) costs nothing either.
     """
 
-    __slots__ = ("_flight", "_leaving", "_places")
+    __slots__ = ("_flight", "_leaving", "_places", "_replicated")
 
-    def __init__(self) -> None:
+    def __init__(self, replicated: tuple[int, int] | None = None) -> None:
+        # (replicas, timeout in ms): a grant returns once that many replicas have it.
+        self._replicated = replicated
         self._flight: dict[str, asyncio.Future[None] | None] = {}
         self._places: set[str] = set()
         self._leaving: dict[str, asyncio.Future[Any]] = {}
@@ -551,7 +570,12 @@ class _Attempts:
         flight = self._flight
         flight[owner] = None  # a future only once a release waits for it (rarely)
         try:
-            return await lua.run(client, script, keys, owner, *args)
+            if self._replicated is None:
+                return await lua.run(client, script, keys, owner, *args)
+            replicas, timeout_ms = self._replicated
+            return await lua.run_replicated(
+                client, script, keys, owner, *args, replicas=replicas, timeout_ms=timeout_ms
+            )
         finally:
             landed = flight.pop(owner, None)
             if landed is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -80,6 +80,41 @@ async def run(client: aioredis.Redis, script: Script, keys: tuple[bytes, ...], *
         return await client.execute_command(  # type: ignore[no-untyped-call]
             "EVALSHA", script.sha, len(keys), *keys, *args
         )
+
+
+class NotReplicatedError(RedisError):
+    """A grant that fewer replicas than asked for acknowledged in time (``wait_replicas``)."""
+
+
+async def run_replicated(
+    client: aioredis.Redis,
+    script: Script,
+    keys: tuple[bytes, ...],
+    *args: Any,
+    replicas: int,
+    timeout_ms: int,
+) -> Any:
+    """:func:`run`, followed on the same connection by ``WAIT replicas timeout_ms`` (WAIT
+    counts the writes of its own connection: a pipeline keeps both on one). A grant that fewer
+    than ``replicas`` replicas acknowledged raises :class:`NotReplicatedError`."""
+    for first in (True, False):
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+        if first and isinstance(reply, NoScriptError):
+            await client.script_load(script.text)  # nothing ran: safe to run again
+            continue
+        for answer in (reply, acked):
+            if isinstance(answer, Exception):
+                raise answer
+        if reply[0] == 1 and int(acked) < replicas:
+            raise NotReplicatedError(
+                f"the grant reached {acked} of the {replicas} replica(s) asked for "
+                f"(wait_replicas) within {timeout_ms} ms; it was given back"
+            )
+        return reply
+    raise AssertionError("unreachable")
 
 
 async def load_all(client: aioredis.Redis) -> None:
@@ -137,19 +172,24 @@ end
 """
 
 # next_token(fence, ttl_ms): the next fencing token of a lock name; every acquire script passes
-# the fence's ttl as its last ARGV. A missing counter -- first use, expired after ttl_ms without
-# a grant, or lost with a restart or a failover -- starts again from the server clock in
-# microseconds, which is larger than every token handed out before as long as the clock did not
-# step back by more than the time since that counter was last used (it gained one per grant,
-# far fewer than one per microsecond). ttl_ms '0': the counter never expires.
+# the fence's ttl as its last ARGV. The token is the counter plus one, but never less than the
+# server clock in microseconds. So a counter that is missing (first use, expired after ttl_ms
+# without a grant, lost with a restart) or behind (a failover to a replica that had not
+# received the last increments) still yields a token above every token handed out before, as
+# long as the clock did not step back by more than the time the loss took: a failover or a
+# restart takes far longer than the microseconds a counter can run ahead of the clock (one
+# per grant). ttl_ms '0': the counter never expires. Exact in Lua's doubles (about 1.8e15,
+# far below 2^53).
 _NEXT_TOKEN = """
 local function next_token(fence, ttl_ms)
-  if redis.call('EXISTS', fence) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', fence, t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = math.max((tonumber(redis.call('GET', fence)) or 0) + 1, clock)
+  if ttl_ms == '0' then
+    redis.call('SET', fence, string.format('%.0f', token))
+  else
+    redis.call('SET', fence, string.format('%.0f', token), 'PX', ttl_ms)
   end
-  local token = redis.call('INCR', fence)
-  if ttl_ms == '0' then redis.call('PERSIST', fence) else redis.call('PEXPIRE', fence, ttl_ms) end
   return token
 end
 """
