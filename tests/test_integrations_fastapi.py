@@ -189,9 +189,7 @@ async def test_a_template_field_that_is_no_path_parameter_fails_at_startup() -> 
 
 
 @pytest.mark.memory
-async def test_without_the_lifespan_a_missing_field_fails_the_request_not_a_literal_lock() -> (
-    None
-):
+async def test_without_the_lifespan_a_missing_field_fails_the_request_not_a_literal_lock() -> None:
     app = FastAPI()  # no aiodlock lifespan: nothing checked the routes at startup
 
     @app.post("/orders/{order}")
