@@ -23,6 +23,7 @@ from ._protocol import (
     Kind as Kind,
     LockInfo as LockInfo,
     LockSpec as LockSpec,
+    Noticeboard as Noticeboard,
     Waiter as Waiter,
 )
 from ._registry import load as load_backend, schemes as schemes
@@ -38,6 +39,7 @@ __all__ = [
     "Kind",
     "LockInfo",
     "LockSpec",
+    "Noticeboard",
     "ParsedURL",
     "Waiter",
     "load_backend",
