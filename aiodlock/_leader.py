@@ -121,8 +121,14 @@ class Term:
         )
         board = election.board
         if board is not None:
-            # A sibling task, not awaited here: the note is for observers, and a slow or
-            # failing post must not delay or end this term (the lease's watchdog does that).
+            # Pinned before the term starts, so an observer asked from the leader's code
+            # names it; refreshed by a sibling task, whose failures are only logged (the
+            # lease's watchdog, not the note, decides whether we still lead).
+            try:
+                await election.post(board, lease)
+            except BaseException:
+                await self._lock.__aexit__(None, None, None)
+                raise
             self._publisher = asyncio.create_task(election.publish(board, lease))
         return self
 
@@ -193,16 +199,21 @@ class Election:
     def _spec(self) -> LockSpec:
         return LockSpec(self._client.namespace, self.name, Kind.MUTEX)
 
+    async def post(self, board: Noticeboard, lease: Lease) -> bool:
+        """Pin our identity to the mutex once; False if the lease is gone (or the post
+        failed: logged, the next refresh tries again)."""
+        try:
+            return await board.post_note(self._spec(), lease.owner, self.identity, self.ttl)
+        except BackendError as exc:
+            logger.warning("could not publish the leader of %r: %s", self.name, exc)
+            return True
+
     async def publish(self, board: Noticeboard, lease: Lease) -> None:
-        """Pin our identity to the mutex, and again every ttl/3 while the lease lasts."""
-        spec = self._spec()
+        """Pin our identity again every ttl/3 while the lease lasts."""
         while lease.held:
-            try:
-                if not await board.post_note(spec, lease.owner, self.identity, self.ttl):
-                    return  # the lease is gone; its watchdog reports the loss
-            except BackendError as exc:
-                logger.warning("could not publish the leader of %r: %s", self.name, exc)
             await asyncio.sleep(self.ttl / 3)  # a refresh period, not a wait for an event
+            if not await self.post(board, lease):
+                return  # the lease is gone; its watchdog reports the loss
 
     async def who_leads(self) -> str | None:
         """The identity of the current leader; ``None`` if nobody leads (or the new leader
