@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import aiodlock
-from aiodlock.backends import Breaker, Kind, LockSpec
+from aiodlock.backends import Breaker, Kind, LockSpec, Noticeboard
 from aiodlock.testing import History, Hold
 from tests.test_examples import ROOT, run, succeeded
 
@@ -407,3 +407,53 @@ def test_worker_examples_run(example: str) -> None:
 @pytest.mark.parametrize("example", ["leader.py", "exclusive.py", "periodic.py"])
 def test_worker_examples_run_on_redis(example: str, redis_url: str) -> None:
     assert "OK" in succeeded(run(f"examples/{example}", url=redis_url))
+
+
+# ---------------------------------------------------------------------- the noticeboard
+
+
+async def check_noticeboard(url: str) -> None:
+    """A note is shown only while its poster holds the mutex; a stranger cannot post."""
+    namespace = f"nb{os.urandom(4).hex()}"
+    async with (
+        aiodlock.connect(url, namespace=namespace) as first,
+        aiodlock.connect(url, namespace=namespace) as second,
+    ):
+        board = first.backend
+        assert isinstance(board, Noticeboard)
+        spec = LockSpec(namespace, "n", Kind.MUTEX)
+        assert await board.read_note(spec) is None
+        lease = await first.lock("n").acquire()
+        assert await board.post_note(spec, "0123abcd", "stranger", 5) is False
+        assert await board.read_note(spec) is None
+        assert await board.post_note(spec, lease.owner, "first:1 ünïcode\nline", 5) is True
+        assert await board.read_note(spec) == "first:1 ünïcode\nline"
+        await lease.release()
+        assert await board.read_note(spec) is None  # released: the note is not shown
+        newer = await second.lock("n").acquire()
+        assert await board.read_note(spec) is None  # the new holder posted nothing yet
+        assert await board.post_note(spec, lease.owner, "stale", 5) is False
+        await newer.release()
+
+
+@pytest.mark.memory
+async def test_noticeboard_on_memory() -> None:
+    await check_noticeboard(store())
+
+
+@pytest.mark.redis
+async def test_noticeboard_on_redis(redis_url: str) -> None:
+    await check_noticeboard(redis_url)
+
+
+@pytest.mark.redis
+async def test_who_leads_with_an_apps_client_that_decodes_responses(redis_url: str) -> None:
+    import redis.asyncio as redis
+
+    async with (
+        redis.Redis.from_url(redis_url, decode_responses=True) as app_client,
+        aiodlock.connect("redis://", redis_client=app_client, namespace="nbdec") as locks,
+    ):
+        election = locks.election("scheduler", identity="décodé")
+        async with election:
+            assert await election.who_leads() == "décodé"
