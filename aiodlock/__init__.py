@@ -1,8 +1,8 @@
 """aiodlock: asyncio-native distributed locks.
 
-One API over Redis, ZooKeeper, MySQL and an in-process backend, with fencing tokens on every
-grant, a watchdog that cancels the guarded code when the lease is lost, and waiters woken by
-the service instead of sleep-polling::
+One API over Redis, ZooKeeper, MySQL, PostgreSQL and an in-process backend, with fencing
+tokens on every grant, a watchdog that cancels the guarded code when the lease is lost, and
+waiters woken by the service instead of sleep-polling::
 
     import aiodlock
 

@@ -43,7 +43,7 @@ from ._validate import (
     check_ttl,
     convert_query,
 )
-from .backends._protocol import Backend, Kind, LockSpec
+from .backends._protocol import Backend, Kind, LockSpec, Settler
 from .backends._registry import load
 
 __all__ = ["ClientStatistics", "LockClient", "connect"]
@@ -75,7 +75,8 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
 
     Args:
         url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
-            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``, and
+            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``,
+            ``postgresql://user:password@host:port/db`` (also ``postgres://``), and
             any scheme an installed package registers (entry-point group ``aiodlock.backends``).
             Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
             Special characters in a user name or password must be percent-encoded.
@@ -403,10 +404,13 @@ class LockClient:
     async def settle(self) -> None:
         """Wait until the compensating releases running in the background are done.
 
-        They run after a cancelled acquire or release; a test (or a shutdown hook) that wants
-        to see the service in its final state awaits this first.
+        They run after a cancelled acquire or release, and in backends that clean up in the
+        background (giving back a wakeup, leaving a wait queue); a test (or a shutdown hook)
+        that wants to see the service in its final state awaits this first.
         """
         await self._supervisor.settle()
+        if isinstance(self._backend, Settler):
+            await self._backend.settle()
 
     def __repr__(self) -> str:
         return (

@@ -13,7 +13,7 @@ Every error the library raises on purpose is one of these::
 
 Bad arguments are ordinary ``ValueError`` / ``TypeError`` naming the argument; a missing
 optional driver is an ``ImportError`` that says which extra to install. Driver exceptions
-(redis-py, aiozk, aiomysql) never escape raw: backends translate them at their boundary.
+(redis-py, aiozk, aiomysql, asyncpg) never escape raw: backends translate them at their boundary.
 """
 
 from __future__ import annotations

@@ -18,7 +18,12 @@ Doc = Mapping[str, Any]
 TIMES = "\N{MULTIPLICATION SIGN}"
 DASH = "\N{EN DASH}"
 ROLE_ORDER = {"floor": 0, "aiodlock": 1, "incumbent": 2, "reference": 3}
-BACKEND_TITLES = {"redis": "Redis", "zookeeper": "ZooKeeper", "mysql": "MySQL (MariaDB)"}
+BACKEND_TITLES = {
+    "redis": "Redis",
+    "zookeeper": "ZooKeeper",
+    "mysql": "MySQL (MariaDB)",
+    "postgres": "PostgreSQL",
+}
 
 
 def brief(answer: Mapping[str, object]) -> str:
@@ -288,7 +293,8 @@ def markdown(doc: Doc) -> str:
         "*p50 ÷ raw floor* compares with the same server commands sent by the same client "
         "with no library (Redis: `SET NX PX` + compare-and-delete `EVALSHA`, redis-py set up "
         "as aiodlock sets it up; ZooKeeper: create + get_children + delete with aiozk; MySQL: "
-        "`GET_LOCK` + `RELEASE_LOCK` with aiomysql), same loop. For asyncio libraries the "
+        "`GET_LOCK` + `RELEASE_LOCK` with aiomysql; PostgreSQL: `pg_try_advisory_lock` + "
+        "`pg_advisory_unlock` with asyncpg), same loop. For asyncio libraries the "
         "ratio is *paired*: the same process alternates blocks of 100 floor cycles and 100 "
         "library cycles, so both see the same machine at the same moments; a ratio marked * "
         "(blocking libraries, in a thread) compares separate cells instead.",
@@ -315,7 +321,7 @@ def markdown(doc: Doc) -> str:
         "`PTTL` read right after the grant, ± the shown margin) to the waiter's grant. "
         "ZooKeeper: from the holder's exit + its session timeout "
         f"({s['session_timeout']:g} s; the server expires sessions on its 200 ms tick, so "
-        "this includes up to a tick of server delay). MySQL: from the holder's exit.",
+        "this includes up to a tick of server delay). MySQL, PostgreSQL: from the holder's exit.",
         "- Incumbents run with their defaults, except that their redis-py connection pools "
         "may open up to 2000 connections (redis-py 8's default of 100 makes 900 of 1000 "
         "waiters fail with `MaxConnectionsError`). aiodlock rows run under both event loops; "

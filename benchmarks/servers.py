@@ -1,8 +1,9 @@
 """The servers of one run, started with the test harness's own classes on free loopback ports.
 
-Redis from ``tests/servers.py``, ZooKeeper from ``tests/support_zookeeper.py`` and MariaDB from
-``tests/support_mysql.py``. A server that cannot start makes its backend's rows unavailable
-(the reason goes into the report); it never stops the other backends.
+Redis from ``tests/servers.py``, ZooKeeper from ``tests/support_zookeeper.py``, MariaDB from
+``tests/support_mysql.py`` and PostgreSQL from ``tests/support_postgres.py``. A server that
+cannot start makes its backend's rows unavailable (the reason goes into the report); it never
+stops the other backends.
 """
 
 from __future__ import annotations
@@ -69,10 +70,24 @@ def _mysql() -> tuple[Any, Endpoint, str]:
     return server, Endpoint("mysql", server.url), f"MariaDB {version}"
 
 
+def _postgres() -> tuple[Any, Endpoint, str]:
+    import subprocess
+
+    from tests.support_postgres import PostgresServer, postgres_bin_dir
+
+    server = PostgresServer().start()
+    version = subprocess.run(
+        [str(postgres_bin_dir() / "postgres"), "--version"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    return server, Endpoint("postgres", server.url), version.replace("postgres (", "(")
+
+
 _STARTERS: dict[str, Callable[[], tuple[Any, Endpoint, str]]] = {
     "redis": _redis,
     "zookeeper": _zookeeper,
     "mysql": _mysql,
+    "postgres": _postgres,
 }
 
 

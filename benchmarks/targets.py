@@ -28,7 +28,12 @@ def check(results: Sequence[Row], loops: list[str]) -> list[dict[str, object]]:
     def find(library: str, scenario: str, loop: str) -> Row | None:
         return table.get((library, scenario, loop))
 
-    entries = [*_redis(find, loops), *_zookeeper(find, loops), *_mysql(find, loops)]
+    entries = [
+        *_redis(find, loops),
+        *_zookeeper(find, loops),
+        *_mysql(find, loops),
+        *_postgres(find, loops),
+    ]
     # A backend that was not run (--only) or a row that failed has nothing to check.
     return [e for e in entries if e["met"] is not None or "nan" not in str(e["measured"])]
 
@@ -117,3 +122,9 @@ def _zookeeper(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
 def _mysql(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     for loop in loops:
         yield _uncontended(find, "aiodlock-mysql", "raw-mysql", loop, "aiodlock mysql", "MySQL")
+
+
+def _postgres(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
+    for loop in loops:
+        yield _uncontended(find, "aiodlock-postgres", "raw-postgres", loop, "aiodlock postgres",
+                           "PostgreSQL")  # fmt: skip

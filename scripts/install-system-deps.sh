@@ -4,14 +4,18 @@
 # Idempotent: installs only what is missing from PATH, so on a prepared machine it does
 # nothing and needs no root. Works on Debian/Ubuntu (apt-get); run as root, or as a user
 # with sudo. It never starts, stops or enables a system service: the tests start their own
-# processes on free ports. (Debian's redis-server package starts a service on 6379 when it
-# is installed; that is harmless and left alone, and nothing relies on it.)
+# processes on free ports. (Debian's redis-server and postgresql packages start a service on
+# 6379 and 5432 when they are installed; that is harmless and left alone, and nothing relies
+# on it: the tests run their own initdb'd cluster.)
 #
 # To add a server: append "binary:package [package...]" to DEPS. "binary" is a command looked
 # up on PATH, or an absolute path for files that are not on PATH, e.g.
 #   "/usr/share/zookeeper/bin/zkServer.sh:zookeeper"   (Debian 12; pulls in default-jre.
 #                                                        Not zookeeperd: that one is a service)
 #   "/usr/sbin/mariadbd:mariadb-server"                 (/usr/sbin is not on a user's PATH)
+# A binary may be given as alternatives separated by "|", each a command or an absolute path
+# (globs allowed): Debian's postgresql package keeps initdb under
+# /usr/lib/postgresql/<version>/bin, off PATH, and the tests look in both places.
 set -euo pipefail
 
 DEPS=(
@@ -19,17 +23,29 @@ DEPS=(
     "/usr/share/zookeeper/bin/zkServer.sh:zookeeper"
     "/usr/sbin/mariadbd:mariadb-server"
     "/usr/bin/mariadb-install-db:mariadb-server"
+    "initdb|/usr/lib/postgresql/*/bin/initdb:postgresql"
 )
+
+# present BINARY: true if the command (or absolute path, or glob) "BINARY" exists; with
+# "a|b", if any of the alternatives does.
+present() {
+    local alternative
+    IFS='|' read -r -a alternatives <<<"$1"
+    for alternative in "${alternatives[@]}"; do
+        if [[ $alternative == /* ]]; then
+            compgen -G "$alternative" >/dev/null && return 0
+        elif command -v "$alternative" >/dev/null 2>&1; then
+            return 0
+        fi
+    done
+    return 1
+}
 
 missing_packages=()
 for dep in "${DEPS[@]}"; do
     binary=${dep%%:*}
     packages=${dep#*:}
-    if [[ $binary == /* ]]; then
-        [[ -e $binary ]] && continue
-    elif command -v "$binary" >/dev/null 2>&1; then
-        continue
-    fi
+    present "$binary" && continue
     echo "install-system-deps: $binary not found; will install: $packages" >&2
     read -r -a pkgs <<<"$packages"
     missing_packages+=("${pkgs[@]}")
@@ -63,11 +79,6 @@ export DEBIAN_FRONTEND=noninteractive
 # Check that what we installed is now found.
 for dep in "${DEPS[@]}"; do
     binary=${dep%%:*}
-    if [[ $binary == /* ]]; then
-        [[ -e $binary ]] || { echo "install-system-deps: $binary still missing" >&2; exit 1; }
-    elif ! command -v "$binary" >/dev/null 2>&1; then
-        echo "install-system-deps: $binary still not on PATH after installing" >&2
-        exit 1
-    fi
+    present "$binary" || { echo "install-system-deps: $binary still missing" >&2; exit 1; }
 done
 echo "install-system-deps: installed ${missing_packages[*]}" >&2

@@ -12,9 +12,9 @@ Layout:
 
 **Markers.** Every test carries the marker of the backend it needs: ``memory`` (no server, no
 driver: what ``pip install -e '.[dev]' && pytest -m memory`` runs), ``redis``, ``zookeeper``,
-``mysql``. A test without one is a collection error. A new backend registers its marker in
-``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting with
-``backend:``, which is how this file tells backend markers from others), adds its server
+``mysql``, ``postgres``. A test without one is a collection error. A new backend registers
+its marker in ``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting
+with ``backend:``, which is how this file tells backend markers from others), adds its server
 fixture below (importing its driver and harness inside the fixture, never at module level:
 collection must work without any driver installed), and a ``tests/backends/test_<name>.py``
 with ``pytestmark = pytest.mark.<name>``.
@@ -48,6 +48,7 @@ pytest.register_assert_rewrite(
     "tests.helpers",
     "tests.support_memory",
     "tests.support_mysql",
+    "tests.support_postgres",
     "tests.support_redis",
     "tests.support_zookeeper",
 )
@@ -57,8 +58,10 @@ from aiodlock.backends import parse_url
 from aiodlock.testing.conformance import unmet_needs
 
 if TYPE_CHECKING:
-    from tests.servers import RedisServer
+    from tests.servers import RedisServer, TLSFiles
     from tests.support_mysql import MariaDBServer
+    from tests.support_postgres import PostgresServer
+    from tests.support_sentinel import SentinelDeployment
     from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 _BACKEND_MARKER = re.compile(r"^(?P<name>\w+):\s*backend\b")
@@ -173,6 +176,16 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelDeployment]:
+    """A master, its replica and three sentinels for the session (no failover on these: the
+    failover tests make their own)."""
+    from tests.support_sentinel import SentinelDeployment
+
+    with SentinelDeployment() as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
     """One standalone ZooKeeper for the session (tests use unique namespaces)."""
     from tests.support_zookeeper import ZooKeeperServer
@@ -202,3 +215,45 @@ def mariadb_server() -> Iterator[MariaDBServer]:
 @pytest.fixture(scope="session")
 def mysql_url(mariadb_server: MariaDBServer) -> str:
     return mariadb_server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throw-away PostgreSQL for the session (tests use unique namespaces)."""
+    from tests.support_postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A CA, a server certificate for the IP address 127.0.0.1 only (not "localhost", so
+    that host-name checking shows), and a client certificate."""
+    import trustme
+
+    from tests.servers import TLSFiles
+
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("client@aiodlock.test")
+    files = TLSFiles(
+        ca=directory / "ca.pem",
+        server_cert=directory / "server.pem",
+        server_key=directory / "server.key",
+        client=directory / "client.pem",
+    )
+    ca.cert_pem.write_to_path(str(files.ca))
+    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
+    server.private_key_pem.write_to_path(str(files.server_key))
+    client.private_key_and_cert_chain_pem.write_to_path(str(files.client))
+    # The same client certificate as two files, for ssl_certfile + ssl_keyfile.
+    client.cert_chain_pems[0].write_to_path(str(directory / "client-cert.pem"))
+    client.private_key_pem.write_to_path(str(directory / "client-key.pem"))
+    return files

@@ -22,13 +22,14 @@ import base64
 import contextlib
 import hashlib
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 from aiodlock.backends import parse_url
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, TLSFiles
 
 if TYPE_CHECKING:
     import aiodlock
@@ -47,6 +48,7 @@ class MariaDBServer(ServerProcess):
     binary = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
 
     user: Final = "aiodlock"
+    x509_user: Final = "x509_user"
     password: Final = "pa:ss@w/rd%"  # every character the URL must percent-encode
     database: Final = "aiodlock_test"
 
@@ -55,11 +57,15 @@ class MariaDBServer(ServerProcess):
         *,
         port: int | None = None,
         args: list[str] | None = None,
+        tls: TLSFiles | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 30.0,
     ) -> None:
         super().__init__(port=port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.args = list(args or [])
+        self.tls = tls
+        """With TLS files: the server takes TLS connections only (``require_secure_transport``),
+        and has a user ``x509_user`` (no password) that must present a client certificate."""
 
     @property
     def data_dir(self) -> Path:
@@ -100,6 +106,12 @@ class MariaDBServer(ServerProcess):
                 f"GRANT ALL PRIVILEGES ON {self.database}.* TO '{self.user}'@'{host}';\n"
                 for host in ("127.0.0.1", "localhost")
             )
+            + (
+                f"CREATE USER IF NOT EXISTS '{self.x509_user}'@'%' REQUIRE X509;\n"
+                f"GRANT ALL PRIVILEGES ON {self.database}.* TO '{self.x509_user}'@'%';\n"
+                if self.tls is not None
+                else ""
+            )
         )
         if not Path(_INSTALL_DB).exists():
             raise RuntimeError(f"{_INSTALL_DB} is missing; run scripts/install-system-deps.sh")
@@ -113,6 +125,9 @@ class MariaDBServer(ServerProcess):
                 "--skip-test-db",
                 "--skip-name-resolve",
                 "--innodb-log-file-size=8M",
+                # Its own temp dir: two servers bootstrapping at once in a shared /tmp
+                # collide on the temporary table names ("Unknown table mysql.tmp_user_sys").
+                f"--tmpdir={self.directory}",
             ],
             cwd=self.directory,
             stdout=subprocess.PIPE,
@@ -137,6 +152,7 @@ class MariaDBServer(ServerProcess):
             f"--init-file={self.directory / 'init.sql'}",
             "--user=root",
             "--skip-name-resolve",
+            f"--tmpdir={self.directory}",
             "--plugin-load-add=metadata_lock_info",
             "--innodb-buffer-pool-size=16M",
             "--innodb-log-file-size=8M",
@@ -144,8 +160,25 @@ class MariaDBServer(ServerProcess):
             # crash could lose the last second. The fencing table relies on the former.
             "--innodb-flush-log-at-trx-commit=2",
             "--max-connections=2000",
+            *self.tls_args(),
             *self.args,
         ]
+
+    def tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            f"--ssl-ca={self.tls.ca}",
+            f"--ssl-cert={self.tls.server_cert}",
+            f"--ssl-key={self.tls.server_key}",
+            "--require-secure-transport=ON",
+        ]
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """For a TLS server: a context that trusts its CA (no client certificate)."""
+        if self.tls is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.tls.ca))
 
     def probe(self) -> bool:
         try:
@@ -158,6 +191,7 @@ class MariaDBServer(ServerProcess):
                 password=self.password,
                 database=self.database,
                 connect_timeout=1,
+                ssl=self.client_context(),
             )
         except Exception:
             return False

@@ -56,7 +56,7 @@ def test_exception_tree() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("etcd://x", "known schemes: memory://, mysql://, redis://"),
+        ("etcd://x", "known schemes: memory://, mysql://, postgres://, postgresql://, redis://"),
         ("nonsense", "unknown URL scheme"),
         ("redis://h:99999", "port out of range"),
         ("redis://h:abc", "bad port"),
@@ -86,6 +86,7 @@ NASTY_URLS = [
     ("redis:Sc4rab://Ee1x@host", "Sc4rab://Ee1x"),
     ("redis//:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
     ("mysql://app:Sc4rab/Ee1x@db:3306/shop", "Sc4rab/Ee1x"),
+    ("postgresql://app:Sc4rab#Ee1x@db:5432/shop", "Sc4rab#Ee1x"),
     ("zookeeper://:Sc4rab?Ee1x@h1:2181,h2:2181/locks", "Sc4rab?Ee1x"),
     ("etcd://app:Sc4rab#Ee1x@host", "Sc4rab#Ee1x"),
 ]
@@ -310,3 +311,26 @@ async def test_the_memory_store_keeps_nothing_for_names_nobody_uses() -> None:
         assert locks.statistics().backend["entries"] == 0
         async with locks.lock("name-0") as again:
             assert again.fencing_token > first.fencing_token
+
+
+def test_public_signatures_show_public_types_only() -> None:
+    """help() and mypy messages show the signatures: no private name may appear in them
+    (a private ``_Unset`` default marker used to)."""
+    import inspect
+
+    seen = 0
+    for name in aiodlock.__all__:
+        obj = getattr(aiodlock, name)
+        members = [obj] if inspect.isfunction(obj) else []
+        if inspect.isclass(obj):
+            public = [getattr(obj, n) for n in dir(obj) if not n.startswith("_")]
+            members += [m for m in public if callable(m)]
+        for member in members:
+            try:
+                signature = str(inspect.signature(member))
+            except (TypeError, ValueError):
+                continue
+            seen += 1
+            private = re.findall(r"(?<![\w.])_[A-Za-z]\w*|\._\w+", signature)
+            assert not private, f"{name}.{getattr(member, '__name__', '')}{signature}"
+    assert seen > 20  # the client's and the locks' methods, connect()...

@@ -441,9 +441,13 @@ async def test_fencing_table_is_created_on_first_use(
                     tokens.append(lease.fencing_token)
             async with a.semaphore("t", limit=2) as lease:  # the families share the row
                 tokens.append(lease.fencing_token)
-        assert tokens == [1, 2, 3, 4]
+        # A new row starts from the server's clock in microseconds, then counts by one.
+        clock = "SELECT UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
+        (now_us,) = (await probe.rows(clock))[0]
+        assert now_us - 60_000_000 < tokens[0] <= now_us
+        assert tokens == [tokens[0] + i for i in range(4)]
         assert (await probe.rows(exists))[0][0] == 1
-        assert (await probe.rows(f"SELECT token FROM {table}")) == [(4,)]
+        assert (await probe.rows(f"SELECT token FROM {table}")) == [(tokens[3],)]
     finally:
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
 
@@ -470,9 +474,51 @@ async def test_fencing_table_without_sem_limit_gets_the_column(
                 with pytest.raises(aiodlock.LimitMismatchError, match="limit 2"):
                     await b.semaphore("t", limit=3).acquire(timeout=2)
         # The refused attempt took a slot and a token before its check: tokens only increase.
-        assert await probe.rows(f"SELECT token, sem_limit FROM {table}") == [(3, 2)]
+        assert await probe.rows(f"SELECT token, sem_limit FROM {table}") == [
+            (first.fencing_token + 2, 2)
+        ]
     finally:
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
+
+
+async def test_idle_fencing_rows_are_swept_and_tokens_still_increase(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """A fencing row unused for ``fence_ttl`` is deleted by the next client's sweep (the table
+    does not grow with every name ever locked), and the name's next token is still larger
+    than every earlier one. ``fence_ttl=0`` keeps rows."""
+    table = f"fence_{uuid.uuid4().hex[:12]}"
+    try:
+        async with connect(mysql_url, ns, fence_table=table, fence_ttl=60) as a:
+            for i in range(5):
+                async with a.lock(f"old{i}") as lease:
+                    pass
+            before = lease.fencing_token
+        # Ten minutes idle, as far as the sweep can tell (no waiting in a test).
+        await probe.rows(f"UPDATE {table} SET touched = touched - INTERVAL 10 MINUTE")
+        async with connect(mysql_url, ns, fence_table=table, fence_ttl=0) as keeper:
+            async with keeper.lock("fresh"):
+                pass
+            await keeper.settle()
+        assert len(await probe.rows(f"SELECT lock_key FROM {table}")) == 6
+
+        async with connect(mysql_url, ns, fence_table=table, fence_ttl=60) as b:
+            async with b.lock("fresh"):
+                pass
+
+            async def swept() -> bool:
+                return len(await probe.rows(f"SELECT lock_key FROM {table}")) == 1
+
+            await eventually(swept)
+            async with b.lock("old4") as again:
+                assert again.fencing_token > before
+    finally:
+        await probe.rows(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_fence_ttl_is_checked() -> None:
+    with pytest.raises(ValueError, match="fence_ttl"):
+        aiodlock.connect("mysql://u@127.0.0.1:1/db", fence_ttl=-1)
 
 
 async def test_killed_holders_limit_is_stale_and_replaced(

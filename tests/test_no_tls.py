@@ -1,6 +1,7 @@
 """Backends without TLS refuse TLS options with a ValueError that says so (issue 12): an
 encrypted connection asked for must never be made in the clear, and "unknown option" would
-read like a typo. (Redis over TLS is tested in tests/test_redis_tls.py.)
+read like a typo. (Redis and MySQL over TLS are tested in tests/test_redis_tls.py and
+tests/test_mysql_tls.py.)
 
 No server is needed: the options are refused when the client is made.
 """
@@ -13,10 +14,7 @@ import pytest
 
 import aiodlock
 
-URLS = {
-    "zookeeper": "zookeeper://127.0.0.1:2181/locks",
-    "mysql": "mysql://app:hunter2@127.0.0.1:3306/shop",
-}
+URLS = {"zookeeper": "zookeeper://127.0.0.1:2181/locks"}
 REFUSED: list[tuple[str, dict[str, Any]]] = [
     ("?ssl=true", {}),
     ("?ssl_ca_certs=/etc/ssl/ca.pem", {}),
@@ -40,15 +38,3 @@ def _check(backend: str, query: str, options: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("query", "options"), REFUSED)
 def test_zookeeper_refuses_tls_options(query: str, options: dict[str, Any]) -> None:
     _check("zookeeper", query, options)
-
-
-@pytest.mark.mysql
-@pytest.mark.parametrize(("query", "options"), REFUSED)
-def test_mysql_refuses_tls_options(query: str, options: dict[str, Any]) -> None:
-    _check("mysql", query, options)
-
-
-@pytest.mark.mysql
-def test_other_unknown_options_are_still_unknown() -> None:
-    with pytest.raises(TypeError, match="unknown URL query parameter 'sslmode'"):
-        aiodlock.connect(URLS["mysql"] + "?sslmode=require")

@@ -474,11 +474,10 @@ def test_password_never_shown() -> None:
 
 def test_several_hosts_name_nothing_that_does_not_exist() -> None:
     """The hint used to send users to a redlock:// scheme that no backend registers."""
-    with pytest.raises(ValueError, match="takes one host, got 2") as info:
+    with pytest.raises(ValueError, match=r"takes one host, got 2.*redis\+sentinel://") as info:
         aiodlock.connect("redis://h1:6379,h2:6379/0")
     message = str(info.value)
-    assert "not supported" in message
-    for scheme in re.findall(r"(\w+)://", message):
+    for scheme in re.findall(r"([\w+]+)://", message):
         assert scheme in schemes(), message
 
 

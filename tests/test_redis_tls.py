@@ -28,32 +28,6 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    """A CA, a server certificate for the IP address 127.0.0.1 only (not "localhost", so
-    that host-name checking shows), and a client certificate."""
-    import trustme
-
-    directory = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("client@aiodlock.test")
-    files = TLSFiles(
-        ca=directory / "ca.pem",
-        server_cert=directory / "server.pem",
-        server_key=directory / "server.key",
-        client=directory / "client.pem",
-    )
-    ca.cert_pem.write_to_path(str(files.ca))
-    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
-    server.private_key_pem.write_to_path(str(files.server_key))
-    client.private_key_and_cert_chain_pem.write_to_path(str(files.client))
-    # The same client certificate as two files, for ssl_certfile + ssl_keyfile.
-    client.cert_chain_pems[0].write_to_path(str(directory / "client-cert.pem"))
-    client.private_key_pem.write_to_path(str(directory / "client-key.pem"))
-    return files
-
-
-@pytest.fixture(scope="module")
 def tls_server(tls_files: TLSFiles) -> Iterator[RedisTLSServer]:
     """TLS only; a client certificate is checked if one is presented."""
     with RedisTLSServer(tls_files, auth_clients="optional") as server:

@@ -22,7 +22,7 @@ PACKAGE = Path(aiodlock.__file__).parent
 
 # Third-party internals we rely on knowingly (the driver's version is pinned in pyproject.toml
 # for this reason): aiomysql exposes no public way to bound a connect or to read the socket.
-DRIVER_INTERNALS = {"aiodlock.backends._mysql_conn": {"_writer", "_connect", "_result"}}
+DRIVER_INTERNALS = {"aiodlock.backends._mysql_conn": {"_writer", "_connect", "_result", "_secure"}}
 
 
 def _module_name(path: Path) -> str:

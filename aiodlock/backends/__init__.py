@@ -24,6 +24,7 @@ from ._protocol import (
     LockInfo as LockInfo,
     LockSpec as LockSpec,
     Noticeboard as Noticeboard,
+    Settler as Settler,
     Waiter as Waiter,
 )
 from ._registry import load as load_backend, schemes as schemes
@@ -41,6 +42,7 @@ __all__ = [
     "LockSpec",
     "Noticeboard",
     "ParsedURL",
+    "Settler",
     "Waiter",
     "load_backend",
     "parse_url",

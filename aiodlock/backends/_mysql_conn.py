@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiomysql
+
+from .._exceptions import BackendError
 
 __all__ = ["DRIVER_ERRORS", "Conn", "ConnectSettings", "error_code"]
 
@@ -59,14 +62,21 @@ class ConnectSettings:
     database: str
     unix_socket: str | None
     connect_timeout: float
+    tls: ssl.SSLContext | None = None  # None: no TLS
 
 
 class _LossWatch(asyncio.Protocol):
     """Delegates to aiomysql's stream protocol; reports the peer closing the connection."""
 
-    def __init__(self, inner: asyncio.Protocol, on_peer_closed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        inner: asyncio.Protocol,
+        on_peer_closed: Callable[[], None],
+        on_lost: Callable[[Exception | None], None],
+    ) -> None:
         self._inner = inner
         self._on_peer_closed = on_peer_closed
+        self._on_lost = on_lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._inner.connection_made(transport)
@@ -79,8 +89,7 @@ class _LossWatch(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:  # reset by the peer; a clean local close passes None
-            self._on_peer_closed()
+        self._on_lost(exc)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -118,7 +127,8 @@ class Conn:
         self.io = asyncio.Lock()
         """Serialises a keep-alive in flight with the release that follows it."""
         transport = raw._writer.transport
-        transport.set_protocol(_LossWatch(transport.get_protocol(), self._on_peer_closed))
+        watch = _LossWatch(transport.get_protocol(), self._on_peer_closed, self._on_lost)
+        transport.set_protocol(watch)
 
     @classmethod
     async def open(cls, settings: ConnectSettings) -> Conn:
@@ -134,14 +144,26 @@ class Conn:
             autocommit=True,
             connect_timeout=None,
             program_name="aiodlock",
+            ssl=settings.tls,
         )
         try:
             async with asyncio.timeout(settings.connect_timeout):
                 await raw._connect()
+            # aiomysql goes on in the clear when the server offers no TLS: refuse instead.
+            if settings.tls is not None and not raw._secure:
+                raise BackendError(
+                    "TLS was asked for (ssl options) but the server does not offer it"
+                )
             return cls(raw)
         except BaseException:
             raw.close()
             raise
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        # A reset, or a close we did not make. A TLS transport reports the server hanging up
+        # without a close_notify (as MariaDB does on KILL) as a clean loss, with no EOF first.
+        if exc is not None or not self._raw.closed:
+            self._on_peer_closed()
 
     def _on_peer_closed(self) -> None:
         self.peer_closed = True
@@ -176,6 +198,11 @@ class Conn:
         result = self._raw._result
         rows: tuple[tuple[Any, ...], ...] = tuple(result.rows or ())
         return rows, int(result.insert_id or 0)
+
+    async def change(self, sql: str, *, timeout: float | None) -> int:
+        """Run an ``UPDATE``/``DELETE``; return how many rows it changed."""
+        await self.query(sql, timeout=timeout)
+        return int(self._raw._result.affected_rows or 0)
 
     async def value(self, sql: str, *, timeout: float | None) -> Any:
         """The first column of the first row of a ``SELECT``."""

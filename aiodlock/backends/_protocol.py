@@ -93,6 +93,7 @@ __all__ = [
     "LockInfo",
     "LockSpec",
     "Noticeboard",
+    "Settler",
     "Waiter",
 ]
 
@@ -296,6 +297,16 @@ class Inspector(Protocol):
     async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
         """Every lock of ``namespace`` whose name matches the glob ``pattern`` and that has
         holders, or waiters where the backend can tell."""
+        ...
+
+
+@runtime_checkable
+class Settler(Protocol):
+    """Optional: a backend whose clean-ups run in the background (giving back a wakeup,
+    leaving a wait queue) lets :meth:`LockClient.settle` wait for them."""
+
+    async def settle(self) -> None:
+        """Return once the clean-ups running now (and any they start) are done."""
         ...
 
 

@@ -32,10 +32,13 @@ lowercase-safe characters, otherwise a readable prefix plus 200 bits of SHA-256 
 fits MySQL's 64-character limit and no server's case folding can merge two locks.
 
 **Fencing.** After ``GET_LOCK`` succeeds, the acquiring connection (autocommit) runs
-``INSERT INTO aiodlock_fence ... VALUES (key, name, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE
-token = LAST_INSERT_ID(token + 1)`` and takes the token from the reply's insert id: one
-atomic, durable bump per grant, in the lock's holder's session. The table (``fence_table``
-option) is created on first use.
+``INSERT INTO aiodlock_fence ... VALUES (key, name, LAST_INSERT_ID(<server clock in µs>))
+ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`` and takes the token from the
+reply's insert id: one atomic, durable bump per grant, in the lock's holder's session. The
+table (``fence_table`` option) is created on first use. A row unused for ``fence_ttl`` seconds
+(default 7 days) is deleted by a sweep each client runs at most once an hour, so the table
+does not grow with every name ever locked; as a new row starts from the server's clock, the
+next token is still larger than any the deleted row gave out.
 
 **Semaphore** of limit N: N named slots ``name#0`` ... ``name#N-1``. One statement tries them
 in order and stops at the first one it gets (``CASE WHEN GET_LOCK(slot0, 0) = 1 THEN 0 WHEN
@@ -68,8 +71,8 @@ from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
-from ._no_tls import NO_TLS_OPTIONS, refuse_tls
 from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._tls import TLS_OPTIONS, tls_context
 
 if TYPE_CHECKING:
     from .._url import ParsedURL
@@ -85,6 +88,11 @@ _DEFAULT_WAIT_SLICE: Final = 1.0
 _DEFAULT_MAX_CONNECTIONS: Final = 100
 _DEFAULT_MAX_IDLE: Final = 8
 _DEFAULT_FENCE_TABLE: Final = "aiodlock_fence"
+_DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
+_SWEEP_EVERY: Final = 3600.0
+"""Seconds between two sweeps of idle fencing rows by one client (capped at ``fence_ttl``)."""
+_SWEEP_BATCH: Final = 1000
+_SWEEP_BATCHES: Final = 10  # per sweep: a huge backlog is worked off over several sweeps
 MAX_SEMAPHORE_LIMIT: Final = 256
 """One named lock per permit, all tried in one statement: keep N reasonable."""
 _PING_AFTER_IDLE: Final = 2.0
@@ -99,20 +107,37 @@ _FENCE_DDL: Final = """CREATE TABLE IF NOT EXISTS {table} (
     lock_key BINARY(32) NOT NULL PRIMARY KEY COMMENT 'sha256(namespace NUL name)',
     lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL COMMENT 'readable, for operators',
     token BIGINT UNSIGNED NOT NULL COMMENT 'last fencing token handed out',
-    {limit_column}
-) ENGINE=InnoDB COMMENT='aiodlock fencing tokens: one row per lock name'"""
+    {limit_column},
+    {touched_column}
+) ENGINE=InnoDB COMMENT='aiodlock fencing tokens: one row per lock name used lately'"""
 _LIMIT_COLUMN: Final = (
     "sem_limit SMALLINT UNSIGNED NULL COMMENT 'the limit of the semaphore holders, if any'"
 )
+_TOUCHED_COLUMN: Final = (
+    "touched DATETIME(6) NOT NULL DEFAULT '1970-01-01' COMMENT 'last grant (UTC)', "
+    "ADD INDEX idle (touched)"
+)
+# A new row starts from the server's clock in microseconds, not 1: then a name whose row was
+# swept (or lost) still gets tokens above every earlier one. UNIX_TIMESTAMP() reads the epoch
+# itself (UNIX_TIMESTAMP(NOW(6)) goes through the session's time zone and can step back an
+# hour when daylight saving time ends); the microseconds of NOW(6), the same instant (the
+# statement's start), do not depend on the time zone.
+_SEED: Final = "UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
 _FENCE_BUMP: Final = (
-    "INSERT INTO {table} (lock_key, lock_name, token) VALUES (X'{key}', '{label}', "
-    "LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
+    "INSERT INTO {table} (lock_key, lock_name, token, touched) VALUES (X'{key}', '{label}', "
+    f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
+    "token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6)"
 )
 # A semaphore's bump also records its limit on first use (a row without one).
 _SEM_FENCE_BUMP: Final = (
-    "INSERT INTO {table} (lock_key, lock_name, token, sem_limit) VALUES (X'{key}', '{label}', "
-    "LAST_INSERT_ID(1), {limit}) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), "
+    "INSERT INTO {table} (lock_key, lock_name, token, touched, sem_limit) VALUES (X'{key}', "
+    f"'{{label}}', LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {{limit}}) ON DUPLICATE KEY UPDATE "
+    "token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), "
     "sem_limit = IFNULL(sem_limit, {limit})"
+)
+_SWEEP: Final = (
+    "DELETE FROM {table} WHERE touched < UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND "
+    f"LIMIT {_SWEEP_BATCH}"
 )
 
 
@@ -193,7 +218,12 @@ class MySQLBackend:
       ``connect_timeout``, then fails with ``BackendError``;
     - ``max_idle`` (default 8): lock-free connections kept for reuse;
     - ``fence_table`` (default ``aiodlock_fence``): the fencing-token table;
-    - ``unix_socket``: connect through this socket path instead of TCP.
+    - ``fence_ttl`` (seconds, default 7 days): a name's fencing row is deleted once unused for
+      this long (0 keeps rows forever);
+    - ``unix_socket``: connect through this socket path instead of TCP;
+    - ``ssl`` (TLS with the system's CAs), ``ssl_ca`` (trust this CA bundle instead),
+      ``ssl_cert`` / ``ssl_key`` (a client certificate), ``ssl_check_hostname`` (default true):
+      TLS, refused with ``BackendError`` if the server does not offer it.
 
     Example::
 
@@ -220,12 +250,12 @@ class MySQLBackend:
         "max_connections": int,
         "max_idle": int,
         "fence_table": str,
+        "fence_ttl": float,
         "unix_socket": str,
-        **NO_TLS_OPTIONS,  # refused: not supported yet (see docs/mysql.md)
+        **TLS_OPTIONS,
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
-        refuse_tls(url.scheme, options, "docs/mysql.md")
         if len(url.hosts) > 1:
             raise ValueError(f"mysql:// takes one host, got {len(url.hosts)}")
         host, port = url.hosts[0] if url.hosts else ("localhost", None)
@@ -259,6 +289,16 @@ class MySQLBackend:
             options.get("max_idle", _DEFAULT_MAX_IDLE), argument="max_idle", minimum=0
         )
         self._table = check_table_name(options.get("fence_table", _DEFAULT_FENCE_TABLE))
+        fence_ttl = check_seconds(
+            options.get("fence_ttl", _DEFAULT_FENCE_TTL),
+            argument="option fence_ttl",
+            allow_none=False,
+            allow_zero=True,
+        )
+        assert fence_ttl is not None
+        self._fence_ttl = math.ceil(fence_ttl)
+        self._next_sweep = 0.0  # loop time; the first grant sweeps
+        self._sweeper: asyncio.Task[None] | None = None
         self._settings = ConnectSettings(
             host=host or "localhost",
             port=port or _DEFAULT_PORT,
@@ -267,6 +307,7 @@ class MySQLBackend:
             database=database,
             unix_socket=unix_socket,
             connect_timeout=self._connect_timeout,
+            tls=tls_context(options, scheme=url.scheme),
         )
         self._password = url.password
         self._where = url.redacted()
@@ -311,8 +352,9 @@ class MySQLBackend:
             return
         self._state = "closing"
         try:
-            if self._janitor is not None:
-                self._janitor.cancel()
+            for task in (self._janitor, self._sweeper):
+                if task is not None:
+                    task.cancel()
             tg, self._tg = self._tg, None
             if tg is not None:
                 await tg.__aexit__(None, None, None)
@@ -538,17 +580,54 @@ class MySQLBackend:
             _, token = await conn.query(sql, timeout=self._query_timeout)
         if token < 1:
             raise BackendError(f"{self._where}: the fencing bump returned no token")
+        self._maybe_sweep()
         return token
 
     async def _upgrade_fence_table(self, conn: Conn, code: int | None) -> None:
-        """Create the fence table, or add the ``sem_limit`` column to one made before it."""
+        """Create the fence table, or add the columns an older aiodlock did not make."""
         if code == _ER_NO_SUCH_TABLE:
-            ddl = _FENCE_DDL.format(table=self._table, limit_column=_LIMIT_COLUMN)
+            ddl = _FENCE_DDL.format(
+                table=self._table,
+                limit_column=_LIMIT_COLUMN,
+                touched_column=_TOUCHED_COLUMN.replace("ADD INDEX", "INDEX"),
+            )
             await conn.query(ddl, timeout=self._query_timeout)
             return
-        alter = f"ALTER TABLE {self._table} ADD COLUMN {_LIMIT_COLUMN}"
-        with contextlib.suppress(*DRIVER_ERRORS):  # only a concurrent ALTER: it is there now
-            await conn.query(alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,))
+        for column in (_LIMIT_COLUMN, _TOUCHED_COLUMN):
+            alter = f"ALTER TABLE {self._table} ADD COLUMN {column}"
+            with contextlib.suppress(*DRIVER_ERRORS):  # it is there (made by another client)
+                await conn.query(
+                    alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,)
+                )
+
+    def _maybe_sweep(self) -> None:
+        """Start a sweep of idle fencing rows if this client has not run one lately."""
+        if self._fence_ttl == 0 or self._tg is None or self._state != "open":
+            return
+        now = asyncio.get_running_loop().time()
+        if now < self._next_sweep or (self._sweeper is not None and not self._sweeper.done()):
+            return
+        self._next_sweep = now + min(_SWEEP_EVERY, self._fence_ttl)
+        self._sweeper = self._tg.create_task(self._sweep(), name="aiodlock-mysql-sweep")
+
+    async def _sweep(self) -> None:
+        # Best effort, in the background (a child of our TaskGroup must never fail): a row
+        # left behind is swept by the next sweep, of this client or another.
+        sql = _SWEEP.format(table=self._table, seconds=self._fence_ttl)
+        try:
+            conn = await self._checkout()
+        except Exception as exc:
+            logger.debug("fence sweep could not connect to %s: %s", self._where, exc)
+            return
+        try:
+            for _ in range(_SWEEP_BATCHES):
+                if await conn.change(sql, timeout=self._query_timeout) < _SWEEP_BATCH:
+                    break
+        except Exception as exc:
+            logger.debug("fence sweep failed on %s: %s", self._where, exc)
+            self._discard(conn)
+            return
+        self._checkin(conn)
 
     async def _claim_limit(self, spec: LockSpec, conn: Conn) -> int | None:
         """Check the semaphore's recorded limit, on the session that just took a slot; None
@@ -853,6 +932,9 @@ class MySQLBackend:
         """Re-raise ``exc``; a driver exception becomes a chained :class:`BackendError`."""
         if isinstance(exc, DRIVER_ERRORS):
             detail = str(exc)
+            cause = exc.__cause__
+            if cause is not None:  # aiomysql's "Can't connect" hides why (a TLS failure...)
+                detail = f"{detail} ({type(cause).__name__}: {cause})"
             if self._password:
                 detail = detail.replace(self._password, "***")
             raise BackendError(

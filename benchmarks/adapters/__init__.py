@@ -25,7 +25,7 @@ class Library:
 
     key: str
     label: str
-    backend: str  # "redis" | "zookeeper" | "mysql" | "none"
+    backend: str  # "redis" | "zookeeper" | "mysql" | "postgres" | "none"
     role: Role
     module: str
     cls: str
@@ -90,6 +90,11 @@ LIBRARIES: tuple[Library, ...] = (
             "RawMySQL", True, ("uncontended",), ("aiomysql",)),
     Library("aiodlock-mysql", "aiodlock mysql://", "mysql", "aiodlock", "aiodlock_lib",
             "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "aiomysql")),
+    # ------------------------------------------------------------------ PostgreSQL
+    Library("raw-postgres", "raw floor: pg_try_advisory_lock + pg_advisory_unlock", "postgres",
+            "floor", "raw", "RawPostgres", True, ("uncontended",), ("asyncpg",)),
+    Library("aiodlock-postgres", "aiodlock postgresql://", "postgres", "aiodlock",
+            "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "asyncpg")),
     # ------------------------------------------------------------------ no server
     Library("asyncio-lock", "asyncio.Lock, in process (ceiling)", "none", "reference",
             "reference", "LocalLockAdapter", True, ("contended",), ()),

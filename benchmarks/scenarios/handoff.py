@@ -79,7 +79,8 @@ async def run(
         "handoff_min": min(handoffs) * 1e3,
         "uncertainty_ms": max(uncertainties) * 1e3,
         "freed_by": {"redis": "key expiry (PTTL)", "zookeeper": "holder exit + session timeout",
-                     "mysql": "holder exit"}.get(adapter.endpoint.backend, "?"),
+                     "mysql": "holder exit",
+                     "postgres": "holder exit"}.get(adapter.endpoint.backend, "?"),
     }  # fmt: skip
 
 

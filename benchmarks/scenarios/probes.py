@@ -28,7 +28,7 @@ class ConnectionCounter:
     """Client connections the server has now, its own probe connection included.
 
     Redis: ``INFO clients`` connected_clients; ZooKeeper: ``mntr`` zk_num_alive_connections;
-    MySQL: ``Threads_connected``.
+    MySQL: ``Threads_connected``; PostgreSQL: client backends in ``pg_stat_activity``.
     """
 
     def __init__(self, endpoint: Endpoint) -> None:
@@ -48,6 +48,12 @@ class ConnectionCounter:
                 host=e.host, port=e.port, user=e.user, password=e.password, db=e.database,
                 autocommit=True,
             )  # fmt: skip
+        elif e.backend == "postgres":
+            import asyncpg
+
+            self._client = await asyncpg.connect(
+                host=e.host, port=e.port, user=e.user, password=e.password, database=e.database
+            )
 
     async def count(self) -> int:
         e = self.endpoint
@@ -59,6 +65,12 @@ class ConnectionCounter:
                 await cursor.execute("SHOW GLOBAL STATUS LIKE 'Threads_connected'")
                 row = await cursor.fetchone()
             return int(row[1])
+        if e.backend == "postgres":
+            return int(
+                await self._client.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                )
+            )
         if e.backend == "zookeeper":
             for line in zookeeper_word(e.host, e.port, "mntr").splitlines():
                 key, _, value = line.partition("\t")
@@ -72,6 +84,8 @@ class ConnectionCounter:
             return
         if self.endpoint.backend == "redis":
             await self._client.aclose()
+        elif self.endpoint.backend == "postgres":
+            await self._client.close()
         else:
             self._client.close()
 

@@ -60,6 +60,7 @@ from ._blpop import BlockingSignals, BlpopWaiter
 from ._keys import Keys, keys_for
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
+from ._sentinel import SentinelSource
 from ._slots import wait_outcome
 from ._source import disconnect_quietly
 
@@ -140,7 +141,7 @@ class RedisBackend:
     options: ClassVar[Mapping[str, type]] = {
         "wakeup": str,
         "fence_ttl": float,
-        **NodeSource.options,
+        **SentinelSource.options,
     }
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
@@ -155,7 +156,11 @@ class RedisBackend:
                 f"not {wakeup!r}"
             )
         self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
-        source: ConnectionSource = NodeSource(url, options)
+        source: ConnectionSource = (
+            SentinelSource(url, options)
+            if url.scheme == "redis+sentinel"
+            else NodeSource(url, options)
+        )
         self._source = source
         self._where = source.describe()
         self._wakeup = wakeup
@@ -164,6 +169,7 @@ class RedisBackend:
             action: source.errors(action) for action in ("acquire", "release", "renew", "note")
         }
         self._tg: asyncio.TaskGroup | None = None
+        self._cleanups: set[asyncio.Task[None]] = set()
         self._hub: PubSubHub | None = None
         self._signals: BlockingSignals | None = None
         self._attempts = _Attempts()
@@ -191,7 +197,9 @@ class RedisBackend:
             self._hub.start(tg.create_task)
         else:
             commands = _SignalScripts(self._source)
-            self._signals = BlockingSignals(self._source, commands, spawn=self._spawn)
+            self._signals = BlockingSignals(
+                self._source, commands, spawn=self._spawn, clean_up=self._clean_up
+            )
 
     async def aclose(self) -> None:
         """Close the pub/sub connection, its tasks, BLPOP connections and the pool.
@@ -218,6 +226,19 @@ class RedisBackend:
             # Every task in it ends on cancellation and never raises, so this is safe from
             # any task (a failing child would cancel the task that entered the group).
             await tg.__aexit__(None, None, None)
+
+    def _clean_up(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        """Run a clean-up in the background; :meth:`settle` waits for it."""
+        task = self._spawn(coro)
+        if task is not None:
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+        return task
+
+    async def settle(self) -> None:
+        """Wait for the background clean-ups (wakeups given back, wait queues left)."""
+        while self._cleanups:
+            await asyncio.wait(set(self._cleanups))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         # Background work belongs to our TaskGroup, never to a bare task; once closing,

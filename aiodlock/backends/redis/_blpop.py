@@ -81,6 +81,7 @@ class BlockingSignals:
         commands: SignalCommands,
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
+        clean_up: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
         keep_idle: int = 4,
     ) -> None:
         self._source = source
@@ -89,6 +90,7 @@ class BlockingSignals:
         # How long past its server-side timeout a BLPOP reply may take: one command's time.
         self._grace = source.socket_timeout
         self._spawn = spawn
+        self._clean_up = clean_up  # a background task the backend's settle() waits for
         self._where = source.describe()
         self._keep_idle = keep_idle
         self._idle: list[AbstractConnection] = []
@@ -162,7 +164,7 @@ class BlockingSignals:
 
     def _give_back(self, key: bytes, registry: bytes | None, cap: int) -> None:
         if registry is not None:  # a fair waiter's list: the core's release re-notifies
-            self._spawn(self._commands.push_back(key, registry, cap))
+            self._clean_up(self._commands.push_back(key, registry, cap))
 
 
 class BlpopWaiter:
@@ -263,7 +265,7 @@ class BlpopWaiter:
     def _spawn_leave(self) -> asyncio.Task[None] | None:
         if self._registry is None:
             return None
-        return self._sigs._spawn(
+        return self._sigs._clean_up(
             self._sigs._commands.leave_waiter(self._registry, self._lists, self._owner)
         )
 

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from ..._url import ParsedURL
     from ._source import Prepare
 
-__all__ = ["NodeSource"]
+__all__ = ["TLS_OPTIONS", "NodeSource", "connection_defaults"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -127,7 +127,7 @@ class NodeSource:
         if given is None:
             self._where = url.redacted()
             self._secret = url.password
-            self._conn_class, self._conn_kwargs = _connection_settings(
+            self._conn_class, self._conn_kwargs = self._connection_settings(
                 url, options, connect_timeout
             )
         else:
@@ -159,12 +159,7 @@ class NodeSource:
             # A client of our own on the application's pool: closing it leaves the pool open.
             client = aioredis.Redis(connection_pool=self._given_pool)
         else:
-            pool = aioredis.ConnectionPool(
-                max_connections=self._max_connections,
-                connection_class=self._conn_class,
-                **self._conn_kwargs,
-            )
-            client = aioredis.Redis.from_pool(pool)  # closing it closes the pool
+            client = aioredis.Redis.from_pool(self._new_pool())  # closing it closes the pool
         try:
             with self.errors("connect"):
                 async with asyncio.timeout(self.connect_timeout):
@@ -339,7 +334,28 @@ class NodeSource:
 
     def new_connection(self, purpose: str) -> AbstractConnection:
         """A side connection with the pool's settings, named ``aiodlock:<purpose>``."""
-        return self._conn_class(**{**self._conn_kwargs, "client_name": f"{_CLIENT_NAME}:{purpose}"})
+        name = f"{_CLIENT_NAME}:{purpose}"
+        return self._conn_class(**{**self._side_kwargs(), "client_name": name})
+
+    # ---------------------------------------------------------------- for another topology
+
+    def _connection_settings(
+        self, url: ParsedURL, options: Mapping[str, Any], connect_timeout: float
+    ) -> tuple[type[AbstractConnection], dict[str, Any]]:
+        """The connection class and its keyword arguments for ``url`` (validated now)."""
+        return _connection_settings(url, options, connect_timeout)
+
+    def _new_pool(self) -> aioredis.ConnectionPool:
+        """The pool of command connections (made at :meth:`open`)."""
+        return aioredis.ConnectionPool(
+            max_connections=self._max_connections,
+            connection_class=self._conn_class,
+            **self._conn_kwargs,
+        )
+
+    def _side_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of a side connection (before its client name)."""
+        return self._conn_kwargs
 
     def describe(self) -> str:
         """The URL without its password."""
@@ -373,7 +389,39 @@ def _connection_settings(
 ) -> tuple[type[AbstractConnection], dict[str, Any]]:
     """redis-py connection class and keyword arguments for ``url`` (validated here)."""
     _refuse_tls_options(url, options)
-    common: dict[str, Any] = {
+    if url.scheme == "unix":
+        if not url.path:
+            raise ValueError("unix:// url needs a socket path: unix:///run/redis.sock?db=0")
+        common = connection_defaults(
+            url, connect_timeout, db=options.get("db", url.query.get("db", 0))
+        )
+        common["path"] = url.path
+        return UnixDomainSocketConnection, common
+    if len(url.hosts) > 1:
+        raise ValueError(
+            f"{url.scheme}:// takes one host, got {len(url.hosts)}; for several hosts use "
+            "redis+sentinel://h1:26379,h2:26379/SERVICE_NAME (Redis Sentinel)"
+        )
+    host, port = url.hosts[0] if url.hosts else ("localhost", None)
+    path = url.path.strip("/")
+    if path and options.get("db") is not None:
+        raise ValueError("give the database either in the url path or as the db option")
+    common = connection_defaults(
+        url, connect_timeout, db=path or options.get("db", url.query.get("db", 0))
+    )
+    common["host"] = host or "localhost"
+    common["port"] = port or _DEFAULT_PORT
+    common["socket_keepalive"] = True
+    if url.scheme == "rediss":
+        return SSLConnection, {**common, **_tls_settings(options)}
+    return Connection, common
+
+
+def connection_defaults(url: ParsedURL, connect_timeout: float, *, db: object) -> dict[str, Any]:
+    """The keyword arguments every command connection of ours gets, whatever the topology:
+    the credentials of ``url``, the database ``db`` (checked), and no retries or timeouts of
+    redis-py's own."""
+    return {
         "username": url.username,
         "password": url.password,
         # No socket_timeout inside redis-py: with one set, every send goes through
@@ -388,30 +436,8 @@ def _connection_settings(
         "protocol": 2,
         "decode_responses": False,
         "client_name": _CLIENT_NAME,
+        "db": _check_db(db),
     }
-    if url.scheme == "unix":
-        if not url.path:
-            raise ValueError("unix:// url needs a socket path: unix:///run/redis.sock?db=0")
-        db_text = options.get("db", url.query.get("db", 0))
-        common["db"] = _check_db(db_text)
-        common["path"] = url.path
-        return UnixDomainSocketConnection, common
-    if len(url.hosts) > 1:
-        raise ValueError(
-            f"{url.scheme}:// takes one host, got {len(url.hosts)}; several hosts (Redis "
-            "Sentinel, Redis Cluster, Redlock over independent masters) are not supported yet"
-        )
-    host, port = url.hosts[0] if url.hosts else ("localhost", None)
-    path = url.path.strip("/")
-    if path and options.get("db") is not None:
-        raise ValueError("give the database either in the url path or as the db option")
-    common["db"] = _check_db(path or options.get("db", url.query.get("db", 0)))
-    common["host"] = host or "localhost"
-    common["port"] = port or _DEFAULT_PORT
-    common["socket_keepalive"] = True
-    if url.scheme == "rediss":
-        return SSLConnection, {**common, **_tls_settings(options)}
-    return Connection, common
 
 
 def _tls_settings(options: Mapping[str, Any]) -> dict[str, Any]:

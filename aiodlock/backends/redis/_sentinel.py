@@ -1,0 +1,131 @@
+"""Redis behind Sentinel as a :class:`~._source.ConnectionSource`: ``redis+sentinel://``.
+
+``redis+sentinel://[[user]:password@]h1:p1[,h2:p2...]/SERVICE_NAME[/DB]``: the sentinels to
+ask, the name of the service they monitor, and the database. The user and password are the
+master's; ``sentinel_password`` (and ``sentinel_username``) authenticate to the sentinels.
+
+Everything but *where the master is* comes from :class:`~._node.NodeSource`: the bounded
+commands, the two lanes, the error translation. Each command connection and each side
+connection (pub/sub, BLPOP) asks the sentinels for the master when it connects (redis-py's
+``SentinelManagedConnection``), so after a failover:
+
+- a connection to a master that died fails (``BackendError``), and the next one connects to
+  the new master; a waiter whose wakeup connection dropped re-subscribes there and re-checks;
+- a connection to a master that was demoted (``SENTINEL FAILOVER``) gets ``READONLY`` on its
+  next write, which redis-py turns into a dropped connection: the command fails once, and the
+  next one goes to the new master.
+
+What a failover can lose, and how the holder finds out, is in docs/redis.md ("Sentinel").
+
+Example::
+
+    source = SentinelSource(parse_url("redis+sentinel://:pw@s1:26379,s2:26379/shop/0"), {})
+    await source.open()
+    source.describe()  # "redis+sentinel://:***@s1:26379,s2:26379/shop/0"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.backoff import NoBackoff
+
+from ._node import TLS_OPTIONS, NodeSource, connection_defaults
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+    from redis.asyncio.connection import AbstractConnection
+
+    from ..._url import ParsedURL
+
+__all__ = ["SENTINEL_OPTIONS", "SentinelSource"]
+
+_DEFAULT_SENTINEL_PORT: Final = 26379
+
+SENTINEL_OPTIONS: Final[Mapping[str, type]] = {
+    "sentinel_username": str,
+    "sentinel_password": str,
+}
+
+
+class SentinelSource(NodeSource):
+    """The master of a Sentinel-monitored service (see the module docstring).
+
+    Options: those of :class:`NodeSource` but ``redis_client`` and the TLS ones, plus
+    ``sentinel_username`` and ``sentinel_password``.
+    """
+
+    options: ClassVar[Mapping[str, type]] = {**NodeSource.options, **SENTINEL_OPTIONS}
+
+    def _connection_settings(
+        self, url: ParsedURL, options: Mapping[str, Any], connect_timeout: float
+    ) -> tuple[type[AbstractConnection], dict[str, Any]]:
+        given = sorted(
+            key for key in ("redis_client", "db", *TLS_OPTIONS) if options.get(key) is not None
+        )
+        if given:
+            raise ValueError(
+                f"option {', '.join(given)} is not supported on {url.scheme}:// "
+                "(give the database in the url path: /SERVICE_NAME/DB)"
+            )
+        if not url.hosts:
+            raise ValueError(
+                f"{url.scheme}:// needs the sentinels to ask: "
+                f"{url.scheme}://host1:26379,host2:26379/SERVICE_NAME[/DB]"
+            )
+        service, _, db = url.path.strip("/").partition("/")
+        if not service:
+            raise ValueError(
+                f"{url.scheme}:// needs the name of the monitored service in the path: "
+                f"{url.scheme}://host1:26379/SERVICE_NAME[/DB]"
+            )
+        self._service = service
+        settings = connection_defaults(url, connect_timeout, db=db or 0)
+        settings["socket_keepalive"] = True
+        sentinel_settings: dict[str, Any] = {
+            # No socket_timeout: redis-py would send through asyncio.wait_for, which on Python
+            # 3.11 swallows a cancellation that lands as the send completes (a cancelled
+            # acquire would go on waiting). Asking the sentinels is part of connecting, which
+            # our command deadline bounds; a sentinel that does not accept the connection in
+            # time is skipped for the next.
+            "socket_timeout": None,
+            "socket_connect_timeout": connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,
+        }
+        for key in SENTINEL_OPTIONS:
+            if options.get(key) is not None:
+                value = options[key]
+                if not isinstance(value, str):
+                    raise TypeError(f"option {key} must be a str, not {type(value).__name__}")
+                sentinel_settings[key.removeprefix("sentinel_")] = value
+        self._sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py: untyped
+            [(host or "localhost", port or _DEFAULT_SENTINEL_PORT) for host, port in url.hosts],
+            sentinel_kwargs=sentinel_settings,
+        )
+        return SentinelManagedConnection, settings
+
+    def _new_pool(self) -> aioredis.ConnectionPool:
+        self._pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            self._service,
+            self._sentinel,
+            max_connections=self._max_connections,
+            connection_class=SentinelManagedConnection,
+            **self._conn_kwargs,
+        )
+        return self._pool
+
+    def _side_kwargs(self) -> dict[str, Any]:
+        # The pool's settings include the pool itself, through which a connection asks the
+        # sentinels for the master (made at open(): side connections are made after it).
+        return dict(self._pool.connection_kwargs)
+
+    async def aclose(self) -> None:
+        """Close the command connections, then the connections to the sentinels."""
+        try:
+            await super().aclose()
+        finally:
+            await self._sentinel.aclose()

@@ -1,0 +1,604 @@
+"""PostgreSQL backend: faults on a real server, keys, fencing table, connections, options.
+
+The conformance suite runs on this backend in tests/backends/test_postgres.py; this file
+covers what is specific to it: ``pg_terminate_backend`` of a holder, a server restart or crash
+under load, sessions left behind by cancelled waiters (``pg_locks``, ``pg_stat_activity``),
+hundreds of names held at once, the advisory keys, the fencing table (clock seed, ``fence_ttl``
+clean-up, collision check), semaphore limits, option checking and the inventory example.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import pytest
+
+import aiodlock
+from aiodlock.testing import History
+from tests.helpers import eventually
+from tests.servers import TLSFiles, free_port
+from tests.support_postgres import PostgresProbe, PostgresServer, advisory_key, fence_key
+
+if TYPE_CHECKING:
+    from aiodlock.backends.postgres import PostgresBackend
+
+pytestmark = pytest.mark.postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"pg{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def probe(postgres_url: str) -> AsyncIterator[PostgresProbe]:
+    made = await PostgresProbe.open(postgres_url)
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def connect(url: str, ns: str, **options: object) -> aiodlock.LockClient:
+    return aiodlock.connect(url, namespace=ns, **options)
+
+
+def backend_of(client: aiodlock.LockClient) -> PostgresBackend:
+    from aiodlock.backends.postgres import PostgresBackend
+
+    backend = client.backend
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
+async def _waits_are(probe: PostgresProbe, count: int) -> bool:
+    return await probe.waits() == count
+
+
+async def _waits_at_least(probe: PostgresProbe, count: int) -> bool:
+    return await probe.waits() >= count
+
+
+async def _sessions_are(probe: PostgresProbe, count: int) -> bool:
+    return await probe.sessions() == count
+
+
+# ---------------------------------------------------------------------- pg_terminate_backend
+
+
+async def test_terminated_holder_is_cancelled_and_next_holder_gets_larger_token(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    loop = asyncio.get_running_loop()
+    history = History()
+    body_cancelled = asyncio.Event()
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        with pytest.raises(aiodlock.LockLostError, match="ended the session"):
+            async with a.lock("stock", ttl=30) as first:
+                with history.hold("a", first.fencing_token):
+                    waiter = asyncio.create_task(b.lock("stock", ttl=30).acquire(timeout=10))
+                    await eventually(lambda: _waits_are(probe, 1))
+                    (pid,) = await probe.holders(ns, "stock")
+                    terminated_at = loop.time()
+                    # From another task: the loss may cancel this body before the reply.
+                    killer = asyncio.create_task(probe.terminate(pid))
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        body_cancelled.set()
+                        raise
+        await killer
+        # With ttl=30 the next keep-alive is 10 s away: the socket watch reported the loss.
+        noticed = loop.time() - terminated_at
+        assert noticed < 1.0, noticed
+        assert body_cancelled.is_set() and first.lost.is_set()
+        second = await waiter  # woken by the server when the terminated session's lock went
+        with history.hold("b", second.fencing_token):
+            assert second.fencing_token > first.fencing_token
+            assert await a.lock("stock").try_acquire() is None
+        await second.release()
+    history.check(max_holders=1)
+    assert await probe.leftovers(ns) == []
+
+
+async def test_terminated_semaphore_slot_is_lost_and_refilled(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        one = await a.semaphore("pool", limit=2).acquire()
+        two = await b.semaphore("pool", limit=2).acquire()
+        held = {key: pid for pid, key, _, granted in await probe.advisory_locks() if granted}
+        slots = [advisory_key(ns, "s", "pool", i) for i in range(2)]
+        assert sorted(held) == sorted(slots)
+        await probe.terminate(held[slots[0]])
+        await asyncio.wait_for(one.lost.wait(), 2)
+        assert two.held
+        three = await b.semaphore("pool", limit=2).acquire(timeout=2)
+        assert three.fencing_token > two.fencing_token > one.fencing_token
+        for lease in (two, three):
+            await lease.release()
+        with pytest.raises(aiodlock.LockNotOwnedError):
+            await one.release()
+    assert await probe.leftovers(ns) == []
+
+
+async def test_keys_in_pg_locks_are_the_documented_hashes(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns) as a:
+        async with a.lock("order:42"), a.read_lock("catalog"):
+            locks = {(key, mode) for _, key, mode, granted in await probe.advisory_locks()}
+            assert locks == {
+                (advisory_key(ns, "m", "order:42"), "ExclusiveLock"),
+                (advisory_key(ns, "rw", "catalog"), "ShareLock"),
+            }
+        async with a.write_lock("catalog"):
+            locks = {(key, mode) for _, key, mode, granted in await probe.advisory_locks()}
+            assert locks == {(advisory_key(ns, "rw", "catalog"), "ExclusiveLock")}
+    assert await probe.leftovers(ns) == []
+
+
+# ---------------------------------------------------------------------- restart / crash
+
+
+@pytest.fixture(scope="module")
+def restartable() -> Iterator[PostgresServer]:
+    """A server of its own: restarting the session's server would disturb other tests."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("fault", ["restart", "crash"])
+async def test_server_restart_under_load_never_gives_two_holders(
+    restartable: PostgresServer, ns: str, fault: str
+) -> None:
+    url = restartable.url
+    loop = asyncio.get_running_loop()
+    history = History()
+    outcomes: list[str] = []
+    entered = asyncio.Event()
+    lost_at = 0.0
+
+    async def holder(client: aiodlock.LockClient) -> None:
+        nonlocal lost_at
+        try:
+            # ttl=30: the next keep-alive is 10 s away, so only the socket watch can be prompt.
+            async with client.lock("job", ttl=30) as lease:
+                with history.hold("holder", lease.fencing_token):
+                    entered.set()
+                    await asyncio.sleep(60)
+        except aiodlock.LockLostError:
+            lost_at = loop.time()
+            outcomes.append("holder lost")
+
+    async def waiter(client: aiodlock.LockClient, i: int) -> None:
+        try:
+            async with client.lock("job", ttl=2, timeout=30) as lease:
+                with history.hold(f"w{i}", lease.fencing_token):
+                    await asyncio.sleep(0.02)
+            outcomes.append("acquired")
+        except aiodlock.BackendError:
+            outcomes.append("backend error")
+
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(connect(url, ns))
+        # One client per waiter: tasks of one client take turns locally, so only separate
+        # clients put six waits on the server.
+        clients = [await stack.enter_async_context(connect(url, ns)) for _ in range(6)]
+        hold_task = asyncio.create_task(holder(a))
+        await entered.wait()
+        waiters = [asyncio.create_task(waiter(clients[i], i)) for i in range(6)]
+        probe = await PostgresProbe.open(url)
+        try:
+            await eventually(lambda: _waits_at_least(probe, 6))
+        finally:
+            await probe.aclose()
+        fault_at = loop.time()
+        if fault == "restart":
+            await asyncio.to_thread(restartable.restart)
+        else:
+            await asyncio.to_thread(lambda: restartable.kill().start())
+        async with asyncio.timeout(60):
+            await asyncio.gather(hold_task, *waiters)
+        assert lost_at - fault_at < 3.0, "the holder was told late"
+        # The clients are usable again, and the fencing table survived: tokens keep growing.
+        async with a.lock("job", timeout=10) as after:
+            assert after.fencing_token > max(h.token for h in history.holds)
+    assert outcomes.count("holder lost") == 1, outcomes
+    assert len(outcomes) == 7 and set(outcomes) <= {"holder lost", "acquired", "backend error"}
+    history.check(max_holders=1)
+
+
+# ---------------------------------------------------------------------- connections
+
+
+async def test_hundred_cancelled_waiters_leave_no_lock_and_no_connection(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    baseline = await probe.sessions()
+    async with (
+        connect(postgres_url, ns, max_connections=150) as owner,
+        connect(postgres_url, ns, max_connections=150) as c,
+    ):
+        # A hundred different locks: tasks waiting for one lock take turns locally, and only
+        # one of them would wait on the server.
+        leases = [await owner.lock(f"hot{i}").acquire() for i in range(100)]
+        tasks = [asyncio.create_task(c.lock(f"hot{i}").acquire()) for i in range(100)]
+        await eventually(lambda: _waits_are(probe, 100), timeout=20)
+        assert backend_of(c).statistics()["waiters"] == 100
+        assert await probe.sessions() >= baseline + 200
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        # asyncpg cancels each wait on the server: nobody waits any more, at once.
+        took = await eventually(lambda: _waits_are(probe, 0))
+        assert took < 2.0, took
+        assert backend_of(c).statistics()["waiters"] == 0
+        # The janitor cleaned the cancelled sessions; the client keeps its small idle list.
+        await c.settle()  # the janitor has cleaned the cancelled sessions
+        assert await _idle_settled(c)
+        assert backend_of(c).statistics()["connections"] <= 8
+        mine = (
+            backend_of(c).statistics()["connections"]
+            + backend_of(owner).statistics()["connections"]
+        )
+        await eventually(lambda: _sessions_are(probe, baseline + mine))
+        held = [key for _, key, _, _ in await probe.advisory_locks()]
+        assert sorted(held) == sorted(advisory_key(ns, "m", f"hot{i}") for i in range(100))
+        for lease in leases:
+            await lease.release()
+    await eventually(lambda: _sessions_are(probe, baseline))
+    assert await probe.leftovers(ns) == []
+
+
+async def _idle_settled(client: aiodlock.LockClient) -> bool:
+    stats = backend_of(client).statistics()
+    return bool(stats["connections"] == stats["idle"])
+
+
+async def test_three_hundred_names_held_at_once_never_block_each_other(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns, max_connections=400) as a:
+        names = [f"n{i}" for i in range(300)]
+        leases = await asyncio.gather(*(a.lock(n).acquire(timeout=5) for n in names))
+        assert all(lease.held for lease in leases)
+        keys = {key for _, key, _, granted in await probe.advisory_locks() if granted}
+        assert keys == {advisory_key(ns, "m", n) for n in names}  # 300 distinct keys
+        async with connect(postgres_url, ns) as b:
+            for name in names[::30]:
+                assert await b.lock(name).try_acquire() is None
+            assert await b.lock("n300").try_acquire() is not None
+        await asyncio.gather(*(lease.release() for lease in leases))
+    assert await probe.leftovers(ns) == []
+
+
+async def test_idle_connections_never_hold_a_lock(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """The pool trap: a reused session must not carry a lock along."""
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        for i in range(30):
+            lease = await a.lock(f"n{i % 3}").acquire()
+            assert await b.lock(f"n{i % 3}").try_acquire() is None
+            task = asyncio.create_task(b.lock(f"n{i % 3}").acquire())
+            await asyncio.sleep(0.002 * (i % 4))
+            await lease.release()
+            if i % 2:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await (await task).release()
+        await a.settle()
+        await b.settle()
+        assert await probe.leftovers(ns) == []  # no session, idle or in use, holds a lock
+        assert backend_of(a).statistics()["held"] == backend_of(b).statistics()["held"] == 0
+
+
+async def test_max_connections_bounds_the_client(postgres_url: str, ns: str) -> None:
+    async with connect(postgres_url, ns, max_connections=2, connect_timeout=0.3) as c:
+        first = await c.lock("a").acquire()
+        second = await c.lock("b").acquire()
+        with pytest.raises(aiodlock.BackendError, match="max_connections=2"):
+            await c.lock("c").acquire()
+        await first.release()
+        third = await c.lock("c").acquire()  # a connection came back
+        for lease in (second, third):
+            await lease.release()
+
+
+async def test_grant_inside_a_wait_is_claimed_with_a_new_token(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        first = await a.lock("x").acquire()
+        task = asyncio.create_task(b.lock("x").acquire(timeout=10))
+        await eventually(lambda: _waits_are(probe, 1))
+        await first.release()
+        second = await task
+        assert second.fencing_token > first.fencing_token
+        # One lock on the server, not two stacked on the waiter's session.
+        assert len(await probe.advisory_locks()) == 1
+        await second.release()
+    assert await probe.leftovers(ns) == []
+
+
+# ---------------------------------------------------------------------- fencing table
+
+
+async def test_tokens_start_at_the_server_clock_and_survive_a_deleted_row(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns) as a:
+        before = int(time.time() * 1_000_000)
+        async with a.lock("clock") as first:
+            pass
+        assert abs(first.fencing_token - before) < 60_000_000  # the clock in µs, ±60 s
+        await probe.rows("DELETE FROM aiodlock_fence WHERE lock_key = $1", fence_key(ns, "clock"))
+        async with a.lock("clock") as second:
+            assert second.fencing_token > first.fencing_token
+
+
+async def test_fence_ttl_deletes_idle_rows_and_tokens_still_increase(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    query = "SELECT count(*) FROM aiodlock_fence WHERE lock_key = $1"
+    async with connect(postgres_url, ns, fence_ttl=0.2) as a:
+        async with a.lock("old") as first:
+            pass
+        assert (await probe.rows(query, fence_key(ns, "old")))[0][0] == 1
+        await asyncio.sleep(0.4)  # the row's idle time is what the sweep looks at
+        async with a.lock("new"):  # a grant after the interval schedules a sweep
+            pass
+        await eventually(lambda: _row_count_is(probe, fence_key(ns, "old"), 0))
+        async with a.lock("old") as again:
+            assert again.fencing_token > first.fencing_token
+    async with connect(f"{postgres_url}?fence_ttl=0", ns) as keep:
+        async with keep.lock("kept"):
+            pass
+        await asyncio.sleep(0.3)
+        async with keep.lock("other"):
+            pass
+        await asyncio.sleep(0.1)
+        assert (await probe.rows(query, fence_key(ns, "kept")))[0][0] == 1
+
+
+async def test_a_sweep_deletes_a_backlog_in_batches(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """2500 rows idle for two hours: one sweep (three batches of 1000) deletes them all, and
+    no row used within fence_ttl."""
+    await probe.rows(
+        "INSERT INTO aiodlock_fence (lock_key, namespace, name, token, touched) "
+        "SELECT -(i + 1000000)::bigint * 7919, $1, 'stale' || i, 1, "
+        "clock_timestamp() - interval '2 hours' FROM generate_series(1, 2500) AS i",
+        ns,
+    )
+    count = "SELECT count(*) FROM aiodlock_fence WHERE namespace = $1"
+    async with connect(postgres_url, ns, fence_ttl=3600) as a:
+        async with a.lock("fresh"):  # the client's first grant schedules a sweep
+            pass
+        await a.settle()  # the janitor's sweep is done
+        assert (await probe.rows(count, ns))[0][0] == 1  # only "fresh" is left
+
+
+async def _row_count_is(probe: PostgresProbe, key: int, count: int) -> bool:
+    rows = await probe.rows("SELECT count(*) FROM aiodlock_fence WHERE lock_key = $1", key)
+    return bool(rows[0][0] == count)
+
+
+async def test_a_fence_key_collision_is_refused_and_leaves_nothing(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    # Stand in for a 64-bit collision: the row of "victim" claims to belong to another name.
+    await probe.rows(
+        "INSERT INTO aiodlock_fence (lock_key, namespace, name, token) VALUES ($1, $2, $3, 1)",
+        fence_key(ns, "victim"),
+        ns,
+        "someone-else",
+    )
+    async with connect(postgres_url, ns) as a:
+        with pytest.raises(aiodlock.BackendError, match="hash collision"):
+            await a.lock("victim").acquire()
+        await a.settle()
+        assert await probe.leftovers(ns) == []
+        assert a.statistics().leases == 0
+
+
+async def test_fencing_table_is_created_on_first_use(postgres_url: str, ns: str) -> None:
+    table = f"fence_{uuid.uuid4().hex[:8]}"
+    async with connect(postgres_url, ns, fence_table=table) as a, a.lock("x") as lease:
+        assert lease.fencing_token > 0
+    probe = await PostgresProbe.open(postgres_url)
+    try:
+        rows = await probe.rows(f"SELECT namespace, name FROM {table}")
+        assert rows == [(ns, "x")]
+        await probe.rows(f"DROP TABLE {table}")
+    finally:
+        await probe.aclose()
+
+
+async def test_stale_semaphore_limit_of_terminated_holders_is_replaced(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        lease = await a.semaphore("pool", limit=2).acquire()
+        with pytest.raises(aiodlock.LimitMismatchError):
+            await b.semaphore("pool", limit=3).acquire(timeout=2)
+        (pid,) = await probe.holders(ns, "pool")
+        await probe.terminate(pid)
+        await asyncio.wait_for(lease.lost.wait(), 2)
+        # The recorded limit 2 is stale now that nobody holds a slot of it.
+        three = await b.semaphore("pool", limit=3).acquire(timeout=2)
+        await three.release()
+    assert await probe.leftovers(ns) == []
+
+
+# ---------------------------------------------------------------------- URL and options
+
+
+async def test_password_never_shows(postgres_url: str, ns: str) -> None:
+    secret = PostgresServer.password
+    quoted = quote(secret, safe="")
+
+    def clean(text: str) -> None:
+        assert secret not in text and quoted not in text, text
+
+    async with connect(postgres_url, ns) as c:
+        clean(repr(c))
+        clean(repr(c.lock("x")))
+        clean(c.backend.describe())
+        clean(str(c.statistics()))
+        assert "***" in repr(c)
+    wrong = quote("wrong" + secret, safe="")
+    bad = postgres_url.replace(quoted, wrong)
+    with pytest.raises(aiodlock.BackendError) as info:
+        async with connect(bad, ns):
+            pass
+    clean(str(info.value))
+    assert wrong not in str(info.value) and "wrong" + secret not in str(info.value)
+    assert info.value.__cause__ is not None
+    unreachable = postgres_url.rsplit("@", 1)[0] + f"@127.0.0.1:{free_port()}/db"
+    with pytest.raises(aiodlock.BackendError) as info:
+        async with connect(unreachable, ns, connect_timeout=2):
+            pass
+    clean(str(info.value))
+
+
+async def test_postgres_scheme_alias(postgres_url: str, ns: str) -> None:
+    url = postgres_url.replace("postgresql://", "postgres://", 1)
+    async with connect(url, ns) as a, connect(postgres_url, ns) as b, a.lock("alias"):
+        assert await b.lock("alias").try_acquire() is None
+
+
+@pytest.mark.parametrize(
+    ("url_tail", "options", "error", "message"),
+    [
+        ("", {}, ValueError, "needs a database"),
+        ("/db", {"wait_slice": 0}, ValueError, "wait_slice must be > 0"),
+        ("/db", {"fence_ttl": -1}, ValueError, "fence_ttl must be >= 0"),
+        ("/db", {"max_connections": 0}, ValueError, "max_connections must be >= 1"),
+        ("/db", {"max_idle": "many"}, TypeError, "max_idle must be an int"),
+        ("/db", {"fence_table": "f; DROP TABLE x"}, ValueError, "fence_table"),
+        ("/db?sslmode=sometimes", {}, ValueError, "sslmode must be one of"),
+        ("/db?sslmode=verify-full", {}, ValueError, "needs sslrootcert"),
+        ("/db?sslmode=disable&sslrootcert=/ca.pem", {}, ValueError, "contradicts"),
+        ("/db?sslcert=/c.pem", {}, ValueError, "go together"),
+        ("/db?wait_slice=soon", {}, ValueError, "wait_slice must be a number"),
+        ("/db", {"pool_size": 3}, TypeError, "unknown option 'pool_size'"),
+    ],
+)
+def test_bad_options_fail_at_connect(
+    url_tail: str, options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        aiodlock.connect(f"postgresql://u:secret@127.0.0.1:1{url_tail}", **options)
+
+
+def test_unsupported_kinds_fail_at_construction() -> None:
+    client = aiodlock.connect("postgresql://u:secret@127.0.0.1:1/db")
+    for build in (
+        lambda: client.lock("x", fair=True),
+        lambda: client.semaphore("x", limit=257),
+    ):
+        with pytest.raises(aiodlock.UnsupportedError) as info:
+            build()
+        assert "secret" not in str(info.value)
+
+
+# ---------------------------------------------------------------------- the example
+
+
+def test_inventory_example_is_exact(postgres_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "examples/inventory_postgres.py", "--url", postgres_url],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {
+        line[:2]: line
+        for line in result.stdout.splitlines()
+        if line[:2] in {"1.", "2.", "3.", "4."}
+    }
+    assert "LOST" in rows["1."] and "OVERSOLD" in rows["1."], result.stdout  # the race is real
+    for strategy in ("2.", "3.", "4."):
+        assert rows[strategy].rstrip().endswith("exact"), result.stdout
+    assert PostgresServer.password not in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def tls_server(tls_files: TLSFiles) -> Iterator[PostgresServer]:
+    with PostgresServer(tls=tls_files) as server:
+        yield server
+
+
+async def test_tls_verify_full_with_a_client_certificate(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str
+) -> None:
+    url = (
+        f"{tls_server.url}?sslmode=verify-full&sslrootcert={tls_files.ca}"
+        f"&sslcert={tls_files.client}&sslkey={tls_files.client}"
+    )
+    probe = await PostgresProbe.open(tls_server.url)
+    try:
+        async with connect(url, ns) as a, connect(tls_server.url, ns) as b, a.lock("tls"):
+            assert await b.lock("tls").try_acquire() is None
+            # a's sessions show its client certificate (trustme's subject); b presented none.
+            sessions = await probe.tls_sessions()
+            assert all(ssl for ssl, _ in sessions), sessions
+            assert any(dn is not None and "trustme" in dn for _, dn in sessions), sessions
+            assert (True, None) in sessions  # b: sslmode=prefer by default
+    finally:
+        await probe.aclose()
+
+
+@pytest.mark.parametrize("mode", ["require", "verify-ca"])
+async def test_tls_modes_encrypt(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str, mode: str
+) -> None:
+    # verify-ca checks the chain, not the name: "localhost" is not in the certificate.
+    url = tls_server.url.replace("127.0.0.1", "localhost") + f"?sslmode={mode}"
+    if mode == "verify-ca":
+        url += f"&sslrootcert={tls_files.ca}"
+    probe = await PostgresProbe.open(tls_server.url)
+    try:
+        async with connect(url, ns) as a, a.lock("tls"):
+            assert [ssl for ssl, _ in await probe.tls_sessions()] == [True]
+    finally:
+        await probe.aclose()
+
+
+async def test_tls_refuses_a_wrong_host_name_or_ca(
+    tls_server: PostgresServer, tls_files: TLSFiles, ns: str, tmp_path: Path
+) -> None:
+    import trustme
+
+    wrong_name = tls_server.url.replace("127.0.0.1", "localhost")
+    with pytest.raises(aiodlock.BackendError, match="postgres connect failed"):
+        async with connect(f"{wrong_name}?sslmode=verify-full&sslrootcert={tls_files.ca}", ns):
+            pass
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    with pytest.raises(aiodlock.BackendError, match="postgres connect failed"):
+        async with connect(f"{tls_server.url}?sslmode=verify-ca&sslrootcert={other_ca}", ns):
+            pass
