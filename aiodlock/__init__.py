@@ -23,6 +23,7 @@ from ._exceptions import (
     UnsupportedError as UnsupportedError,
 )
 from ._fencing import FencingGuard as FencingGuard
+from ._leader import Election as Election, Term as Term
 from ._lease import Lease as Lease
 from ._locks import (
     BaseLock as BaseLock,
@@ -42,6 +43,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "BaseLock",
     "Capability",
     "ClientStatistics",
+    "Election",
     "FencingGuard",
     "Lease",
     "LimitMismatchError",
@@ -56,6 +58,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "ReadLock",
     "Semaphore",
     "StaleTokenError",
+    "Term",
     "USE_CLIENT_DEFAULT",
     "UnsupportedError",
     "UseClientDefault",

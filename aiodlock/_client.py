@@ -8,12 +8,13 @@ closes them in order.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar, TypeVarTuple, final
+from typing import Any, Final, NoReturn, ParamSpec, TypeVar, TypeVarTuple, final
 
 from ._inflight import InFlight
+from ._leader import Election
 from ._lease import Lease
 from ._local import Holdings
 from ._locks import (
@@ -26,6 +27,7 @@ from ._locks import (
     check_kind,
     run_guarded,
 )
+from ._recipes import exclusive, run_periodic
 from ._supervisor import Supervisor
 from ._url import parse_url
 from ._validate import (
@@ -46,6 +48,7 @@ from .backends._registry import load
 
 __all__ = ["ClientStatistics", "LockClient", "connect"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 L = TypeVar("L", bound=BaseLock)
@@ -299,6 +302,81 @@ class LockClient:
         check_async_callable(fn)
         lock = self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, fair=fair)
         return await run_guarded(lock, fn, *args)
+
+    # ------------------------------------------------------------------ worker recipes
+
+    def election(
+        self,
+        name: str,
+        *,
+        identity: str | None = None,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+    ) -> Election:
+        """Leader election ``name``: see :class:`~aiodlock.Election`.
+
+        ``async with locks.election("scheduler") as term:`` leads for one term;
+        ``async for term in locks.election("scheduler"): async with term: ...`` leads, and
+        campaigns again after each loss; ``await election.who_leads()`` names the leader.
+
+        Args:
+            name: the election's name (a mutex of that name is the leadership).
+            identity: what :meth:`Election.who_leads` reports while this process leads
+                (default ``hostname:pid``).
+            ttl: the leadership lease (default: the client's). A leader that dies is replaced
+                within about ``ttl`` seconds.
+        """
+        return Election(self, name, identity=identity, ttl=ttl)
+
+    def exclusive(
+        self,
+        name_template: str,
+        *,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        fair: bool = False,
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+        """Decorate a coroutine function so that each call holds the mutex its arguments name.
+
+        ::
+
+            @locks.exclusive("report:{day}", timeout=60)
+            async def build_report(day: str) -> None: ...
+
+        The name is ``name_template`` formatted with the call's arguments (bound to the
+        function's signature, defaults applied). A field that is not a parameter is a
+        ``ValueError`` when decorating. Each call is guarded like an ``async with`` body:
+        cancelled on loss (:class:`~aiodlock.LockLostError`); busy past ``timeout`` is
+        :class:`~aiodlock.LockTimeoutError`.
+        """
+
+        def make_lock(name: str) -> Lock:
+            return self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, fair=fair)
+
+        make_lock("exclusive")  # bad options fail when decorating, not at the first call
+        return exclusive(name_template, make_lock)
+
+    async def periodic(
+        self,
+        name: str,
+        fn: Callable[[*Ts], Awaitable[object]],
+        *args: *Ts,
+        every: float,
+        identity: str | None = None,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+    ) -> NoReturn:
+        """Run ``await fn(*args)`` every ``every`` seconds on exactly one of the instances
+        that call this (the leader of election ``name``); never returns (cancel it to stop).
+
+        ::
+
+            await locks.periodic("cleanup", purge_expired_sessions, every=60)
+
+        An exception from ``fn`` is logged (logger ``aiodlock.recipes``) and the schedule goes
+        on; if the leader dies or loses its lease, another instance takes over and runs
+        ``fn`` at once.
+        """
+        await run_periodic(self.election(name, identity=identity, ttl=ttl), fn, *args, every=every)
 
     @property
     def backend(self) -> Backend:

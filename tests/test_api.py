@@ -24,7 +24,8 @@ pytestmark = pytest.mark.memory
 
 def test_all_is_sorted_and_complete() -> None:
     assert aiodlock.__all__ == sorted(aiodlock.__all__)
-    public = {n for n in dir(aiodlock) if not n.startswith("_")} - {"backends", "cli", "testing"}
+    subpackages = {"backends", "cli", "integrations", "testing"}
+    public = {n for n in dir(aiodlock) if not n.startswith("_")} - subpackages
     assert public == set(aiodlock.__all__)
     for name in aiodlock.__all__:
         obj = getattr(aiodlock, name)

@@ -377,11 +377,13 @@ def random_order_id() -> int:
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_workers(url: str, workers: int) -> AsyncIterator[str]:
-    """``uvicorn examples.fastapi_app:app --workers N`` on a free port: its base URL, once it
-    answers; stopped (and its workers with it) on exit."""
+async def uvicorn_workers(
+    url: str, workers: int, app: str = "examples.fastapi_app:app", ready: str = "/orders/0"
+) -> AsyncIterator[str]:
+    """``uvicorn APP --workers N`` on a free port: its base URL, once ``GET ready`` answers
+    200; stopped (and its workers with it) on exit."""
     port = free_port()
-    command = ["-m", "uvicorn", "examples.fastapi_app:app", "--port", str(port)]
+    command = ["-m", "uvicorn", app, "--port", str(port)]
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         *command,
@@ -397,7 +399,7 @@ async def uvicorn_workers(url: str, workers: int) -> AsyncIterator[str]:
         async with httpx.AsyncClient(base_url=base) as client, asyncio.timeout(TIMEOUT):
             while server.returncode is None:
                 with contextlib.suppress(httpx.TransportError):
-                    if (await client.get("/orders/0")).status_code == 200:
+                    if (await client.get(ready)).status_code == 200:
                         break
                 await asyncio.sleep(0.1)
         assert server.returncode is None, "uvicorn exited before it served"

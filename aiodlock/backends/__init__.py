@@ -23,6 +23,7 @@ from ._protocol import (
     Kind as Kind,
     LockInfo as LockInfo,
     LockSpec as LockSpec,
+    Noticeboard as Noticeboard,
     Settler as Settler,
     Waiter as Waiter,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Kind",
     "LockInfo",
     "LockSpec",
+    "Noticeboard",
     "ParsedURL",
     "Settler",
     "Waiter",

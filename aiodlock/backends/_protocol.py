@@ -68,7 +68,8 @@ argument it cannot serve) is ``RuntimeError``/``TypeError``/``ValueError``.
 Optional operations are declared by capability and checked with ``isinstance`` against the
 runtime-checkable protocols below: :class:`Inspector` (``Capability.INSPECT``: who holds what,
 for an operator) and :class:`Breaker` (``Capability.BREAK``: force-release). The operator CLI
-and leader election use them; the lock kinds never do.
+and leader election use them; the lock kinds never do. :class:`Noticeboard` (a short note
+pinned to a held mutex, such as a leader's identity) is found by ``isinstance`` alone.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ __all__ = [
     "Kind",
     "LockInfo",
     "LockSpec",
+    "Noticeboard",
     "Settler",
     "Waiter",
 ]
@@ -315,4 +317,24 @@ class Breaker(Protocol):
     async def break_lock(self, spec: LockSpec) -> int:
         """Drop every holder of ``spec`` and bump its fencing token so that a broken holder's
         writes are refused; return how many holders were dropped."""
+        ...
+
+
+@runtime_checkable
+class Noticeboard(Protocol):
+    """Optional: a short note pinned to a held mutex, for anyone to read (a leader's identity).
+
+    The note belongs to the holder that posted it: it can be read only while that holder
+    still holds the lock, so a crashed or replaced holder's note is never shown as the new
+    holder's. The memory and Redis backends provide it.
+    """
+
+    async def post_note(self, spec: LockSpec, owner: str, note: str, ttl: float) -> bool:
+        """Pin ``note`` to the mutex ``spec`` if ``owner`` holds it (``False`` if not); it
+        lasts at most ``ttl`` seconds unless posted again, and never past the holder's lease."""
+        ...
+
+    async def read_note(self, spec: LockSpec) -> str | None:
+        """The note of the mutex's current holder; ``None`` if it is free or its holder
+        posted none."""
         ...

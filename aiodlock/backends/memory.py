@@ -52,6 +52,7 @@ _SLACK: Final = 0.001  # retry just after the blocking lease has run out
 class _Holder:
     kind: Kind
     expires_at: float
+    note: str | None = None  # Noticeboard: dies with the holder
 
 
 class _MemoryWaiter(BankedWakeup):
@@ -221,6 +222,29 @@ class MemoryBackend:
             return False
         holder.expires_at = now + ttl
         return True
+
+    async def post_note(self, spec: LockSpec, owner: str, note: str, ttl: float) -> bool:
+        """Noticeboard: the note lives on the holder's record, so it ends with the lease."""
+        holder = self._live_holder(spec, owner)
+        if holder is None:
+            return False
+        holder.note = note
+        return True
+
+    async def read_note(self, spec: LockSpec) -> str | None:
+        """Noticeboard: the current holder's note."""
+        entry = self._store.entries.get(self._key(spec))
+        if entry is None:
+            return None
+        entry.purge(asyncio.get_running_loop().time())
+        return next((h.note for h in entry.holders.values()), None)
+
+    def _live_holder(self, spec: LockSpec, owner: str) -> _Holder | None:
+        entry = self._store.entries.get(self._key(spec))
+        if entry is None:
+            return None
+        entry.purge(asyncio.get_running_loop().time())
+        return entry.holders.get(owner)
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
         """None: a memory lease is lost only by expiry or break_lock, which renew() reports."""

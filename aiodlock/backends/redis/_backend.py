@@ -178,7 +178,7 @@ class RedisBackend:
         self._wakeup = wakeup
         self._mode = "l" if wakeup == "blpop" else "p"
         self._errors = {
-            action: source.errors(action) for action in ("acquire", "release", "renew")
+            action: source.errors(action) for action in ("acquire", "release", "renew", "note")
         }
         self._tg: asyncio.TaskGroup | None = None
         self._cleanups: set[asyncio.Task[None]] = set()
@@ -451,6 +451,24 @@ class RedisBackend:
             else:
                 done = await call(lua.run, lua.ZSET_RENEW, keys.sem_renew, owner, ms)
         return bool(done == 1)
+
+    async def post_note(self, spec: LockSpec, owner: str, note: str, ttl: float) -> bool:
+        """Noticeboard: ``T:note`` holds ``owner`` and the note; ``False`` if not held."""
+        keys = keys_for(spec.namespace, spec.name)
+        with self._errors["note"]:
+            done = await self._source.call(
+                lua.run, lua.NOTE_POST, (keys.mutex, keys.note), owner, note, _lease_ms(ttl)
+            )
+        return bool(done == 1)
+
+    async def read_note(self, spec: LockSpec) -> str | None:
+        """Noticeboard: the note of the mutex's current holder, if it posted one."""
+        keys = keys_for(spec.namespace, spec.name)
+        with self._errors["note"]:
+            note = await self._source.call(lua.run, lua.NOTE_READ, (keys.mutex, keys.note))
+        if note is None or isinstance(note, str):  # str: an app's client with decode_responses
+            return note
+        return bytes(note).decode("utf-8", "surrogatepass")
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
         """``None``: a Redis lease ends by expiry or deletion, which only ``renew`` can see."""

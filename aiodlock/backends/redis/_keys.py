@@ -7,6 +7,7 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:fence          STRING  INCR counter of fencing tokens, all families    (PX = fence_ttl)
     T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
     T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
+    T:note           STRING  mutex: "OWNER\nNOTE", a holder's note (leader)  (PX = ttl given)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
     T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
     T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
@@ -61,6 +62,7 @@ class Keys:
         "mutex_acquire_l",
         "mutex_release",
         "mutex_waiters",
+        "note",
         "read_acquire",
         "read_acquire_l",
         "read_release",
@@ -87,6 +89,7 @@ class Keys:
         tag = f"{{{namespace}:{name}}}".encode("utf-8", "surrogatepass")
         fence = tag + b":fence"
         self.mutex = tag
+        self.note = tag + b":note"
         self.signal = tag + b":signal"
         self.mutex_waiters = tag + b":waiters"
         self.writer = tag + b":writer"

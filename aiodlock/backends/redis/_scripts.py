@@ -38,6 +38,8 @@ __all__ = [
     "MUTEX_ACQUIRE",
     "MUTEX_RELEASE",
     "MUTEX_RENEW",
+    "NOTE_POST",
+    "NOTE_READ",
     "READ_ACQUIRE",
     "READ_RELEASE",
     "SEM_ACQUIRE",
@@ -251,6 +253,32 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+"""
+)
+
+NOTE_POST: Final = Script(
+    """
+-- KEYS[1] mutex, KEYS[2] its note
+-- ARGV[1] owner, ARGV[2] note, ARGV[3] ms the note lives unless posted again
+-- -> 1 posted | 0 not held (nothing written). The note carries its poster's owner, so
+-- NOTE_READ never shows it once another holder has the lock.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1] .. '\\n' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+)
+
+NOTE_READ: Final = Script(
+    """
+-- KEYS[1] mutex, KEYS[2] its note
+-- -> the current holder's note | false (free, or its holder posted none)
+local holder = redis.call('GET', KEYS[1])
+if not holder then return false end
+local note = redis.call('GET', KEYS[2])
+if not note then return false end
+local prefix = holder .. '\\n'
+if string.sub(note, 1, #prefix) ~= prefix then return false end
+return string.sub(note, #prefix + 1)
 """
 )
 
@@ -608,6 +636,8 @@ ALL: Final = (
     MUTEX_ACQUIRE,
     MUTEX_RELEASE,
     MUTEX_RENEW,
+    NOTE_POST,
+    NOTE_READ,
     READ_ACQUIRE,
     WRITE_ACQUIRE,
     READ_RELEASE,
