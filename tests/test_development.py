@@ -93,3 +93,23 @@ def test_readme_conformance_module_runs_the_suite_from_outside(tmp_path: Path) -
         "needs an aiodlock_probe fixture to break a lock under its holder",
         "the memory:// backend lives in one process: no other process can reach it",
     }, reasons
+
+
+def test_ci_runs_the_readme_commands_verbatim() -> None:
+    """CI must run what a newcomer runs: the Quick start's two commands are ./dev's, and the
+    test command is the last line of .ci/run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```sh\n(.+?)\n```", quick_start)
+    assert commands == ["./dev demo", "./dev test"]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == "./dev test"
+    assert os.access(ROOT / "dev", os.X_OK)
+
+
+def test_dev_says_how_to_use_it() -> None:
+    result = subprocess.run(
+        [str(ROOT / "dev")], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert "./dev demo" in result.stderr and "./dev test" in result.stderr
