@@ -79,19 +79,23 @@ class RedisSentinelServer(RedisServer):
 
 
 class SentinelDeployment:
-    """A master, a replica of it, and three sentinels (quorum 2) monitoring :data:`SERVICE`.
+    """A master, ``replicas`` replicas of it, and three sentinels (quorum 2) monitoring
+    :data:`SERVICE`.
 
     ``down_after_ms``: how long the master may not answer before the sentinels fail over. Keep
     it long where no failover is wanted (a loaded 2-core machine can stall a server for a
-    second), short where a test kills the master.
+    second or two), shorter where a test kills the master. With two replicas, a killed master
+    leaves a new master *and* a replica of it (what ``wait_replicas=1`` needs to go on).
     """
 
-    def __init__(self, *, down_after_ms: int = 10_000, ready_timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, replicas: int = 1, down_after_ms: int = 10_000, ready_timeout: float = 30.0
+    ) -> None:
         # Diskless, at once: a replica (re)joining is in sync in milliseconds, not after the
         # default 5 s delay (a replica still waiting for its first sync acknowledges nothing).
         sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
         self.master = RedisServer(args=sync)
-        self.replica = RedisServer(args=sync)
+        self.replicas = [RedisServer(args=sync) for _ in range(replicas)]
         self.sentinels = [
             RedisSentinelServer(self.master, down_after_ms=down_after_ms) for _ in range(3)
         ]
@@ -99,8 +103,8 @@ class SentinelDeployment:
 
     @property
     def servers(self) -> list[RedisServer]:
-        """Both data servers (which one is the master changes with failovers)."""
-        return [self.master, self.replica]
+        """The data servers (which one is the master changes with failovers)."""
+        return [self.master, *self.replicas]
 
     @property
     def url(self) -> str:
@@ -109,14 +113,16 @@ class SentinelDeployment:
 
     def start(self) -> SentinelDeployment:
         self.master.start()
-        self.replica.args += ["--replicaof", self.master.host, str(self.master.port)]
-        self.replica.start()
+        for replica in self.replicas:
+            replica.args += ["--replicaof", self.master.host, str(self.master.port)]
+            replica.start()
         for sentinel in self.sentinels:
             sentinel.start()
-        # Ready when every sentinel knows the replica and the two other sentinels: only then
+        # Ready when every sentinel knows the replicas and the two other sentinels: only then
         # can a failover be agreed on and carried out.
-        self._wait(self._ready, "the sentinels to discover the replica and each other")
-        self.wait_for_replica(self.replica)
+        self._wait(self._ready, "the sentinels to discover the replicas and each other")
+        for replica in self.replicas:
+            self.wait_for_replica(replica)
         return self
 
     def master_address(self) -> tuple[str, int]:
@@ -148,27 +154,37 @@ class SentinelDeployment:
         return self.wait_for_new_master(old)
 
     def wait_for_new_master(self, old: RedisServer) -> RedisServer:
-        """Wait until the sentinels have promoted the server that is not ``old``."""
-        new = next(s for s in self.servers if s is not old)
+        """Wait until every sentinel names a master other than ``old``, and it takes writes;
+        then until the other servers still running replicate it. Returns the new master."""
+        found: list[RedisServer] = []
 
         def promoted() -> bool:
-            for sentinel in self.sentinels:
-                if sentinel.running and not sentinel.paused:
-                    _, port = sentinel.master_address()
-                    if port != new.port:
-                        return False
+            ports = {s.master_address()[1] for s in self.sentinels if s.running and not s.paused}
+            if len(ports) != 1 or old.port in ports:
+                return False
+            new = next(s for s in self.servers if s.port in ports)
             role = redis.Redis(new.host, new.port, socket_timeout=2).role()
+            found[:] = [new]
             return bool(role[0] == b"master")
 
-        self._wait(promoted, f"{new!r} to become the master")
+        self._wait(promoted, f"a master other than {old!r}")
+        new = found[0]
+        for server in self.servers:
+            if server not in (old, new) and server.running and not server.paused:
+                self.wait_for_replica(server)
         return new
 
     def wait_for_replica(self, server: RedisServer) -> None:
-        """Wait until ``server`` replicates the current master again (after a restart)."""
+        """Wait until ``server`` replicates the master the sentinels name, in sync."""
 
         def replicating() -> bool:
+            _, master_port = self.master_address()
             info = redis.Redis(server.host, server.port, socket_timeout=2).info("replication")
-            return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
+            return bool(
+                info.get("role") == "slave"
+                and int(info.get("master_port", 0)) == master_port
+                and info.get("master_link_status") == "up"
+            )
 
         self._wait(replicating, f"{server!r} to replicate the master")
 
@@ -194,7 +210,7 @@ class SentinelDeployment:
         raise RuntimeError(f"timed out waiting for {what} (last error: {last})\n{tails}")
 
     def close(self) -> None:
-        for server in [*self.sentinels, self.replica, self.master]:
+        for server in [*self.sentinels, *self.replicas, self.master]:
             server.close()
 
     def __enter__(self) -> SentinelDeployment:

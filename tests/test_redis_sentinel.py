@@ -1,11 +1,12 @@
 """Redis Sentinel failovers under load (issue 8): the master is handed over (``SENTINEL
 FAILOVER``) or killed while several clients take the lock in a loop.
 
-Each test gets its own deployment (a master, a replica, three sentinels that fail over after
-1 s of silence). What must hold: no two holders overlap among those that were not told of a
-loss; waiters go on once the new master is up; a holder whose key the failover lost is told
-(its body cancelled with ``LockLostError``), and the next token is still larger than every
-earlier one, although the fencing counter was lost with it.
+Each test gets its own deployment (a master, two replicas, three sentinels that fail over
+after 3 s of silence). What must hold: with ``wait_replicas=1`` no two holders overlap,
+without it fencing tokens still order them; waiters go on once the new master is up; a
+holder whose key the failover lost is told (its body cancelled with ``LockLostError``), and
+the next token is still larger than every earlier one, although the fencing counter was lost
+with it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ pytestmark = pytest.mark.redis
 def deployment() -> Iterator[SentinelDeployment]:
     from tests.support_sentinel import SentinelDeployment  # imports the driver
 
-    with SentinelDeployment(down_after_ms=1000) as made:
+    # Two replicas: after a killed master, the new one still has a replica (wait_replicas=1).
+    # 3 s without an answer before a failover: a loaded machine can stall a server for 1 s.
+    with SentinelDeployment(replicas=2, down_after_ms=3000) as made:
         yield made
 
 
@@ -127,11 +130,7 @@ async def test_killed_master_under_load(deployment: SentinelDeployment, durable:
 
     def kill_the_master() -> None:
         old.kill()
-        deployment.wait_for_new_master(old)
-        # Back empty; the sentinels make it the new master's replica, so that wait_replicas
-        # can be met again (until then every grant of the durable run is refused).
-        old.start()
-        deployment.wait_for_replica(old)
+        deployment.wait_for_new_master(old)  # and the other replica follows it
 
     after = await load.run_through(kill_the_master)
     assert deployment.current_master() is not old
@@ -142,18 +141,19 @@ async def test_killed_master_under_load(deployment: SentinelDeployment, durable:
 async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
     deployment: SentinelDeployment,
 ) -> None:
-    """The replica is stopped and cut off while the lock is taken, so the key (and the fencing
-    counter) reach the master only; the master dies and the replica is promoted without them. The
+    """The replicas are stopped and cut off while the lock is taken, so the key (and the fencing
+    counter) reach the master only; the master dies and a replica is promoted without them. The
     holder's next renewal finds no key: its body is cancelled with LockLostError (never a
     resurrected lease), and the next holder's token is still larger."""
     import redis
-    replica = next(s for s in deployment.servers if s is not deployment.current_master())
     master = deployment.current_master()
+    replicas = [s for s in deployment.servers if s is not master]
     async with (
         aiodlock.connect(deployment.url, namespace="lost") as holder,
         aiodlock.connect(deployment.url, namespace="lost") as other,
     ):
-        replica.pause()
+        for replica in replicas:
+            replica.pause()
         try:
             # Cut the replication link too: data the master had written to it would still be
             # in the paused replica's socket buffer, and arrive on resume.
@@ -171,9 +171,10 @@ async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
             await asyncio.wait_for(entered.wait(), 10)
             master.kill()
         finally:
-            replica.resume()
-        await asyncio.to_thread(deployment.wait_for_new_master, master)
-        assert redis.Redis(replica.host, replica.port).keys("*lost*") == []  # really lost
+            for replica in replicas:
+                replica.resume()
+        new = await asyncio.to_thread(deployment.wait_for_new_master, master)
+        assert redis.Redis(new.host, new.port).keys("*lost*") == []  # really lost
         with pytest.raises(aiodlock.LockLostError):
             await asyncio.wait_for(held, 15)
         async with other.lock("job", timeout=10) as lease:

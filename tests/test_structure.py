@@ -7,6 +7,7 @@ circle cannot hide behind a deferred import.
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import graphlib
 import re
 from collections.abc import Iterator
@@ -30,11 +31,19 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _parse(path: Path) -> ast.Module:
+    try:
+        return ast.parse(path.read_text(), str(path))
+    except SystemError:
+        # CPython 3.11 before 3.11.8 (gh-106905) can fail an ast.parse with "AST constructor
+        # recursion depth mismatch" once the thread's recursion accounting is off; a fresh
+        # thread starts with it right.
+        with concurrent.futures.ThreadPoolExecutor(1) as fresh:
+            return fresh.submit(ast.parse, path.read_text(), str(path)).result()
+
+
 def _modules() -> dict[str, ast.Module]:
-    return {
-        _module_name(path): ast.parse(path.read_text(), str(path))
-        for path in sorted(PACKAGE.rglob("*.py"))
-    }
+    return {_module_name(path): _parse(path) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def _is_package(name: str) -> bool:
