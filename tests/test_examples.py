@@ -515,16 +515,3 @@ async def test_readme_fastapi_snippet_counts_exactly() -> None:
         answers = await asyncio.gather(*(client.post("/orders/3/items") for _ in range(20)))
     assert sorted(a.json()["items"] for a in answers) == list(range(1, 21))
     assert namespace["ORDERS"] == {3: 20}
-
-
-@pytest.mark.memory
-def test_readme_quick_start_commands() -> None:
-    commands = [
-        line.strip()
-        for block in readme_blocks()
-        if block.language == "sh"
-        for line in block.code.splitlines()
-    ]
-    assert "python3 -m pip install . && python3 -m aiodlock demo" in commands
-    # The CI runs exactly this string (.ci/run): keep it verbatim, on one line.
-    assert "python3 -m pip install --quiet nox && python3 -m nox -s lint tests" in commands
