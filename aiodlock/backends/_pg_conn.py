@@ -168,6 +168,16 @@ class Conn:
         self.lease_event = None
         self._raw.terminate()
 
+    async def aclose(self, *, timeout: float) -> None:
+        """Close politely and wait until the connection is gone (over TLS, the TLS shutdown
+        too, so that nothing is left for a closing event loop); :meth:`close` if that fails."""
+        self._closing = True
+        self.lease_event = None
+        try:
+            await self._raw.close(timeout=timeout)
+        except Exception:  # timed out, or already broken: end it the hard way
+            self._raw.terminate()
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<Conn pid={self.pid} {state}>"

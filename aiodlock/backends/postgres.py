@@ -97,6 +97,7 @@ MAX_SEMAPHORE_LIMIT: Final = 256
 """One advisory key per permit, all tried in one statement: keep N reasonable."""
 _PING_AFTER_IDLE: Final = 2.0
 """Seconds idle after which a pooled connection is checked (``SELECT 1``) before use."""
+_CLOSE_TIMEOUT: Final = 1.0  # seconds a connection may take to close politely at aclose()
 _MAX_TIMEOUT_MS: Final = 2_147_483_647  # the largest value of an integer GUC
 _SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 _UNDEFINED_TABLE: Final = "42P01"
@@ -441,11 +442,14 @@ class PostgresBackend:
             if tg is not None:
                 await tg.__aexit__(None, None, None)
         finally:
-            for conn in list(self._conns):
-                self._discard(conn)
+            conns, self._conns = list(self._conns), set()
             self._idle.clear()
             self._acqs.clear()
             self._dirty.clear()
+            # In parallel, each bounded: a held lock's session ends with its connection.
+            await asyncio.gather(
+                *(conn.aclose(timeout=_CLOSE_TIMEOUT) for conn in conns), return_exceptions=True
+            )
             for future in self._room:
                 if not future.done():
                     future.set_result(None)
