@@ -1,6 +1,6 @@
 """aiodlock: asyncio-native distributed locks.
 
-One API over Redis, ZooKeeper, MySQL, PostgreSQL and an in-process backend, with fencing
+One API over Redis, ZooKeeper, etcd, MySQL, PostgreSQL and an in-process backend, with fencing
 tokens on every grant, a watchdog that cancels the guarded code when the lease is lost, and
 waiters woken by the service instead of sleep-polling::
 
@@ -10,6 +10,8 @@ waiters woken by the service instead of sleep-polling::
         async with locks.lock("order:42", timeout=5) as lease:
             await ship(42, fencing_token=lease.fencing_token)
 """
+
+import logging as _logging
 
 from ._client import ClientStatistics as ClientStatistics, LockClient as LockClient, connect
 from ._exceptions import (
@@ -71,3 +73,8 @@ for _name in __all__:
     if callable(_obj) and _obj.__module__.startswith("aiodlock."):
         _obj.__module__ = "aiodlock"
 del _name, _obj
+
+# A library leaves its records to the application's logging setup: without one, Python's
+# last-resort handler would print our warnings on stderr (a lost lease is raised as
+# LockLostError anyway). docs/operations.md shows how to see them.
+_logging.getLogger("aiodlock").addHandler(_logging.NullHandler())

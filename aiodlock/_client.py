@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, NoReturn, ParamSpec, TypeVar, TypeVarTuple, final
 
+from ._exceptions import UnsupportedError
 from ._inflight import InFlight
 from ._leader import Election
 from ._lease import Lease
@@ -43,7 +44,7 @@ from ._validate import (
     check_ttl,
     convert_query,
 )
-from .backends._protocol import Backend, Kind, LockSpec, Settler
+from .backends._protocol import Backend, Breaker, Inspector, Kind, LockInfo, LockSpec, Settler
 from .backends._registry import load
 
 __all__ = ["ClientStatistics", "LockClient", "connect"]
@@ -75,7 +76,8 @@ def connect(url: str | None = None, **options: Any) -> LockClient:
 
     Args:
         url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
-            ``zookeeper://h1:p1,h2:p2/chroot``, ``mysql://user:password@host:port/db``,
+            ``zookeeper://h1:p1,h2:p2/chroot``, ``etcd://h1:p1,h2:p2/prefix``,
+            ``mysql://user:password@host:port/db``,
             ``postgresql://user:password@host:port/db`` (also ``postgres://``), and
             any scheme an installed package registers (entry-point group ``aiodlock.backends``).
             Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
@@ -378,6 +380,75 @@ class LockClient:
         """
         await run_periodic(self.election(name, identity=identity, ttl=ttl), fn, *args, every=every)
 
+    # ------------------------------------------------------------------ operators
+
+    async def inspect(self, pattern: str = "*") -> list[LockInfo]:
+        """The locks of this client's namespace in use now, whose names match ``pattern``.
+
+        For operators (``python -m aiodlock inspect``): each
+        :class:`~aiodlock.backends.LockInfo` names the lock, its kind, its holders (owner and
+        remaining lease where the backend can tell), its newest fencing token and its waiters
+        where the backend can tell::
+
+            for info in await locks.inspect("order:*"):
+                print(info.name, info.fencing_token, [h.owner for h in info.holders])
+
+        Args:
+            pattern: a glob over lock names (``*``, ``?``, ``[...]``), matched case-sensitively.
+
+        Raises:
+            UnsupportedError: the backend cannot list its locks.
+            BackendError: the service failed.
+        """
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a str, not {type(pattern).__name__}")
+        self._require_open()
+        backend = self._backend
+        if not isinstance(backend, Inspector):
+            raise UnsupportedError(f"{backend.describe()} cannot list its locks (inspect)")
+        return await backend.inspect(self.namespace, pattern)
+
+    async def break_lock(self, name: str, *, kind: str = "mutex") -> int:
+        """Force-release the lock ``name`` of this namespace, whoever holds it.
+
+        Every holder is dropped and the fencing token moves on, so a broken holder's fenced
+        writes are refused; its watchdog reports the loss within its renewal interval (its
+        guarded body is cancelled with :class:`~aiodlock.LockLostError`) and the next waiter
+        gets the lock. What it takes depends on the backend (docs/operations.md): Redis and
+        ZooKeeper delete the holders' keys or nodes, MySQL and PostgreSQL end the holding
+        sessions. For an operator clearing a stuck lock, never for a program's own locks::
+
+            dropped = await locks.break_lock("order:42")
+
+        Args:
+            name: the lock's name.
+            kind: ``"mutex"`` (``locks.lock()``), ``"read"`` or ``"write"`` (either side: the
+                whole reader/writer lock is broken) or ``"semaphore"`` (every permit).
+
+        Returns:
+            How many holders were dropped (0: nobody held it).
+
+        Raises:
+            ValueError: an unknown ``kind``.
+            UnsupportedError: the backend cannot break locks, or has no locks of ``kind``.
+            BackendError: the service failed.
+        """
+        check_name(name)
+        if not isinstance(kind, str):
+            raise TypeError(f"kind must be a str, not {type(kind).__name__}")
+        try:
+            lock_kind = Kind(kind)
+        except ValueError:
+            known = ", ".join(repr(k.value) for k in Kind)
+            raise ValueError(f"kind must be one of {known}, not {kind!r}") from None
+        self._require_open()
+        backend = self._backend
+        if not isinstance(backend, Breaker):
+            raise UnsupportedError(f"{backend.describe()} cannot break locks")
+        spec = LockSpec(self.namespace, name, lock_kind)
+        check_kind(backend, spec)  # a kind the backend has no locks of: UnsupportedError
+        return await backend.break_lock(spec)
+
     @property
     def backend(self) -> Backend:
         """The backend this client talks to: for its ``statistics()``, its optional operations
@@ -419,6 +490,10 @@ class LockClient:
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"{self!r} is not open; use it inside 'async with'")
 
     def _spec(self, name: str, kind: Kind, *, limit: int = 1, fair: bool = False) -> LockSpec:
         check_name(name)

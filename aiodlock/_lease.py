@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import final
 
 from ._exceptions import LockLostError, LockNotOwnedError
+from ._telemetry import Hold
 from .backends._protocol import LockSpec
 
 __all__ = ["Lease", "LeaseState", "LeaseStatus"]
@@ -52,6 +53,7 @@ class LeaseState:
         "_session_deadline",
         "_ttl_valid_until",
         "fencing_token",
+        "hold",
         "lost",
         "lost_reason",
         "owner",
@@ -68,6 +70,7 @@ class LeaseState:
         valid_until: float,
         *,
         session_deadline: Callable[[], float | None] | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self.spec = spec
         self.owner = owner
@@ -79,6 +82,8 @@ class LeaseState:
         self.lost_reason: LockLostError | None = None
         self.lost = asyncio.Event()
         self._callbacks: list[LossCallback] = []
+        # Told of the end of the hold (logs, spans, metrics: see _telemetry).
+        self.hold = hold if hold is not None else Hold(spec, fencing_token, None)
 
     @property
     def valid_until(self) -> float:
@@ -104,6 +109,7 @@ class LeaseState:
         self.status = LeaseStatus.LOST
         self.lost_reason = reason
         self.lost.set()
+        self.hold.lost(reason)
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(reason)
@@ -112,6 +118,8 @@ class LeaseState:
         """HELD or LOST → RELEASED. False if it already was released (release is idempotent)."""
         if self.status is LeaseStatus.RELEASED:
             return False
+        if self.status is LeaseStatus.HELD:
+            self.hold.released()
         self.status = LeaseStatus.RELEASED
         self._callbacks.clear()
         return True
@@ -125,6 +133,7 @@ class LeaseState:
         if self.lost_reason is None:
             self.lost_reason = reason
             self.lost.set()
+            self.hold.lost(reason)
 
     def on_loss(self, callback: LossCallback) -> None:
         """Call ``callback(reason)`` when the lease is lost (at once if it already is)."""

@@ -23,8 +23,15 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, final
 
+from . import _telemetry
 from ._acquire import AcquireCounters, Granted, attempt_once, wait_for_grant
-from ._exceptions import LockError, LockLostError, LockNotOwnedError, UnsupportedError
+from ._exceptions import (
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    UnsupportedError,
+)
 from ._guard import LossGuard
 from ._inflight import InFlight
 from ._lease import Lease, LeaseState
@@ -158,6 +165,7 @@ class BaseLock:
             return self._context.holdings.reenter(held)
         context = self._context
         context.supervisor.require_running()
+        started = asyncio.get_running_loop().time()
         with context.inflight.entered(task, self._spec):
             granted = await attempt_once(
                 context.backend,
@@ -166,7 +174,7 @@ class BaseLock:
                 ttl=self.ttl,
                 counters=self._counters,
             )
-        return None if granted is None else self._hold(granted, task).lease
+        return None if granted is None else self._hold(granted, task, started).lease
 
     async def _take(self, timeout: float | None, *, strict: bool = False) -> LiveLease:
         task = _current_task()
@@ -176,17 +184,23 @@ class BaseLock:
             return held
         context = self._context
         context.supervisor.require_running()
+        started = asyncio.get_running_loop().time()
         with context.inflight.entered(task, self._spec):
-            granted = await wait_for_grant(
-                context.backend,
-                context.supervisor,
-                context.holdings.turns,
-                self._spec,
-                ttl=self.ttl,
-                timeout=timeout,
-                counters=self._counters,
-            )
-        return self._hold(granted, task)
+            try:
+                granted = await wait_for_grant(
+                    context.backend,
+                    context.supervisor,
+                    context.holdings.turns,
+                    self._spec,
+                    ttl=self.ttl,
+                    timeout=timeout,
+                    counters=self._counters,
+                )
+            except LockTimeoutError:
+                waited = asyncio.get_running_loop().time() - started
+                _telemetry.timed_out(self._spec, waited=waited)
+                raise
+        return self._hold(granted, task, started)
 
     def _reentry(self, task: asyncio.Task[Any], *, strict: bool) -> LiveLease | None:
         """The lease to re-enter, if ``task`` holds this lock and it is reentrant.
@@ -205,18 +219,21 @@ class BaseLock:
             )
         return None
 
-    def _hold(self, granted: Granted, task: asyncio.Task[Any]) -> LiveLease:
+    def _hold(self, granted: Granted, task: asyncio.Task[Any], started: float) -> LiveLease:
         valid_until = granted.sent + self.ttl - drift(self.ttl)
+        waited = asyncio.get_running_loop().time() - started
+        hold = _telemetry.acquired(self._spec, token=granted.fencing_token, waited=waited)
         backend = self._context.backend
-        session = None
-        if Capability.SESSION_LEASE in backend.capabilities:
-            session = partial(backend.session_deadline, self._spec, granted.owner)
+        # Session backends bound the lease by their session; a TTL backend may bound it by
+        # a stricter validity rule of its own (Redlock's drift_factor). Others return None.
+        session = partial(backend.session_deadline, self._spec, granted.owner)
         state = LeaseState(
             self._spec,
             granted.owner,
             granted.fencing_token,
             valid_until,
             session_deadline=session,
+            hold=hold,
         )
         state.on_loss(self._note_lost)
         return self._context.holdings.add(

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 from typing import NoReturn
 
+from . import _telemetry
 from ._exceptions import BackendError, LockLostError
 from ._lease import LeaseState
 from .backends._protocol import Backend
@@ -71,6 +72,7 @@ async def _renew_forever(
     next_renewal = loop.time() + interval
     # Session backends (ZooKeeper, MySQL) signal a loss the moment they see it.
     lost_signal = backend.loss_signal(state.spec, state.owner)
+    failing = False  # in a streak of failed renewals (logged once, at its start)
     while True:
         wake_at = next_renewal
         if hold_until is not None and next_renewal >= hold_until:
@@ -104,15 +106,25 @@ async def _renew_forever(
         try:
             async with asyncio.timeout_at(state.valid_until):
                 still_ours = await backend.renew(state.spec, state.owner, ttl)
-        except (BackendError, TimeoutError):
+        except (BackendError, TimeoutError) as exc:
             # Transient failure: retry soon, but never past the validity deadline (the
             # check at the top of the loop turns that into a loss).
             next_renewal = min(loop.time() + ttl * RETRY_FRACTION, state.valid_until)
+            if not failing:
+                failing = True
+                remaining = state.valid_until - loop.time()
+                error = exc if str(exc) else TimeoutError("no answer in time")
+                _telemetry.renewal_failed(
+                    state.spec, state.fencing_token, error, remaining=remaining
+                )
             continue
         finally:
             state.renewing = False
         if not still_ours:
             raise LockLostError(f"lock {name!r} is no longer held (renewal refused)")
+        if failing:
+            failing = False
+            _telemetry.renewal_recovered(state.spec, state.fencing_token)
         state.renewed(sent + ttl - drift(ttl))
         next_renewal = sent + interval
 

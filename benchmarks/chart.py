@@ -22,7 +22,8 @@ def write(doc: Mapping[str, Any], path: Path) -> None:
     libs = doc["libraries"]
     rows = [r for r in doc["results"] if r["scenario"] in ("contended", "contended_procs")
             and r["median"] and isinstance(r["median"].get("throughput"), int | float)]  # fmt: skip
-    order = {"redis": 0, "zookeeper": 1, "mysql": 2, "postgres": 3, "none": 4}
+    order = {"redis": 0, "redis-cluster": 1, "zookeeper": 2, "etcd": 3, "mysql": 4,
+             "postgres": 5, "none": 6}  # fmt: skip
     catalogue = list(libs)
     rows.sort(key=lambda r: (order[libs[r["library"]]["backend"]], catalogue.index(r["library"]),
                              r["scenario"], r["loop"]))  # fmt: skip

@@ -20,7 +20,9 @@ DASH = "\N{EN DASH}"
 ROLE_ORDER = {"floor": 0, "aiodlock": 1, "incumbent": 2, "reference": 3}
 BACKEND_TITLES = {
     "redis": "Redis",
+    "redis-cluster": "Redis Cluster",
     "zookeeper": "ZooKeeper",
+    "etcd": "etcd",
     "mysql": "MySQL (MariaDB)",
     "postgres": "PostgreSQL",
 }
@@ -176,15 +178,18 @@ def _contended(doc: Doc, backend: str) -> str:
     for r in rows:
         m = r["median"]
         if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", ""])
+            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", "", ""])
             continue
         stall = " (stalled)" if m.get("stalled") else ""
+        spread = ""
+        if "grants_min" in m:
+            spread = f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}"
         lines.append([_label(doc, r), r["loop"], _f(m["throughput"], 0) + stall,
                       _f(m["efficiency"] * 100, 0, " %"), _f(m["wait_p50"], 1),
-                      _f(m["wait_p99"], 1), _f(m["wait_max"], 1),
+                      _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
                       str(int(m["violations"])) if m.get("violations") else "0"])  # fmt: skip
     return _table(["library", "loop", "grants/s", "efficiency", "wait p50 ms", "wait p99 ms",
-                   "wait max ms", "overlaps"], lines)  # fmt: skip
+                   "wait max ms", "grants per process", "overlaps"], lines)  # fmt: skip
 
 
 def _waiters(doc: Doc, backend: str) -> str:
@@ -300,15 +305,19 @@ def markdown(doc: Doc) -> str:
         "(blocking libraries, in a thread) compares separate cells instead.",
         f"- **Contended**: {s['workers']} workers (asyncio tasks in one process; threads for "
         f"blocking libraries; the *processes* rows: {s['workers']} processes with one task "
-        f"each) loop on one lock for {s['duration']:g} s, holding it "
+        "(or thread) each, the case a distributed lock exists for) loop on one lock for "
+        f"{s['duration']:g} s, holding it "
         f"`sleep({s['section'] * 1000:g} ms)`. *Efficiency* = grants/s {TIMES} 1 ms (100 % = "
         "the lock is never idle). The *asyncio.Lock* row is the in-process ceiling: what "
         "`sleep(1 ms)` and the event loop allow on this machine. *Wait* is the time from "
         "asking to being granted, per acquisition: a low p50 with a huge p99/max means one "
         "worker keeps re-taking the lock while others starve (non-fair barging); when one "
         "worker takes nearly every grant, even the p99 stays low and only the max shows the "
-        "starvation. *Overlaps* "
-        "counts two holders at once (must be 0).",
+        "starvation. *Grants per process* (processes rows): the fewest and the most "
+        "grants one process got; a starved process shows as a small minimum. *Overlaps* "
+        "counts two holders at once (must be 0); in the processes rows every hold's start "
+        "and end, taken inside the lock on the shared monotonic clock, are compared across "
+        "processes.",
         f"- **{s['waiters']} waiters**: one process, one client, {s['waiters']} tasks (threads "
         "for blocking libraries) wait on a lock held by a second client. *Connections*: the "
         "server's client count (peak during the wait) minus before the waiters' client "

@@ -1,6 +1,7 @@
 """The servers of one run, started with the test harness's own classes on free loopback ports.
 
-Redis from ``tests/servers.py``, ZooKeeper from ``tests/support_zookeeper.py``, MariaDB from
+Redis from ``tests/servers.py``, Redis Cluster (three masters with a replica each) from
+``tests/support_redis_cluster.py``, ZooKeeper from ``tests/support_zookeeper.py``, MariaDB from
 ``tests/support_mysql.py`` and PostgreSQL from ``tests/support_postgres.py``. A server that
 cannot start makes its backend's rows unavailable (the reason goes into the report); it never
 stops the other backends.
@@ -44,6 +45,15 @@ def _redis() -> tuple[Any, Endpoint, str]:
     return server, Endpoint("redis", server.url), version
 
 
+def _redis_cluster() -> tuple[Any, Endpoint, str]:
+    from tests.support_redis_cluster import ClusterDeployment
+
+    cluster = ClusterDeployment().start()
+    version = cluster.nodes[0].client().info("server")["redis_version"]
+    where = f"Redis Cluster {version} (3 masters + 3 replicas, one machine)"
+    return cluster, Endpoint("redis-cluster", cluster.url), where
+
+
 def _zookeeper() -> tuple[Any, Endpoint, str]:
     from tests.support_zookeeper import ZooKeeperServer
 
@@ -52,6 +62,15 @@ def _zookeeper() -> tuple[Any, Endpoint, str]:
     match = re.search(r"Zookeeper version: ([^\s,-]+)", answer)
     version = f"ZooKeeper {match.group(1) if match else '?'} (standalone, tick {server.tick_ms} ms)"
     return server, Endpoint("zookeeper", server.url), version
+
+
+def _etcd() -> tuple[Any, Endpoint, str]:
+    from tests.support_etcd import ELECTION_MS, EtcdServer
+
+    server = EtcdServer().start()
+    status = server.status() or {}
+    version = f"etcd {status.get('version', '?')} (one member, election {ELECTION_MS} ms)"
+    return server, Endpoint("etcd", server.url), version
 
 
 def _mysql() -> tuple[Any, Endpoint, str]:
@@ -85,7 +104,9 @@ def _postgres() -> tuple[Any, Endpoint, str]:
 
 _STARTERS: dict[str, Callable[[], tuple[Any, Endpoint, str]]] = {
     "redis": _redis,
+    "redis-cluster": _redis_cluster,
     "zookeeper": _zookeeper,
+    "etcd": _etcd,
     "mysql": _mysql,
     "postgres": _postgres,
 }

@@ -155,13 +155,14 @@ async def _member(job: Job) -> dict[str, object]:
     """One process of ``contended_procs``: ready, then run between the given times."""
 
     async def body(a: AsyncAdapter | SyncAdapter) -> dict[str, object]:
-        assert isinstance(a, AsyncAdapter)
         print("ready", flush=True)
         start, duration = map(float, (await asyncio.to_thread(sys.stdin.readline)).split())
-        tally = await contended.run_async(
-            a, job["name"], workers=1, duration=duration, section=job["section"],
-            ttl=job["ttl"], start=start,
-        )  # fmt: skip
+        kw = {"workers": 1, "duration": duration, "section": job["section"], "ttl": job["ttl"],
+              "start": start, "record_holds": True}  # fmt: skip
+        if isinstance(a, AsyncAdapter):
+            tally = await contended.run_async(a, job["name"], **kw)
+        else:  # a blocking library: its one worker is a thread, as in its own cells
+            tally = await asyncio.to_thread(contended.run_threads, a, job["name"], **kw)
         return tally.to_json()
 
     return await _with_adapter(job, body)

@@ -24,6 +24,8 @@ DEPS=(
     "/usr/sbin/mariadbd:mariadb-server"
     "/usr/bin/mariadb-install-db:mariadb-server"
     "initdb|/usr/lib/postgresql/*/bin/initdb:postgresql"
+    "etcd:etcd-server"
+    "etcdctl:etcd-client"
 )
 
 # present BINARY: true if the command (or absolute path, or glob) "BINARY" exists; with

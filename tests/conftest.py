@@ -12,12 +12,12 @@ Layout:
 
 **Markers.** Every test carries the marker of the backend it needs: ``memory`` (no server, no
 driver: what ``pip install -e '.[dev]' && pytest -m memory`` runs), ``redis``, ``zookeeper``,
-``mysql``, ``postgres``. A test without one is a collection error. A new backend registers
-its marker in ``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description starting
-with ``backend:``, which is how this file tells backend markers from others), adds its server
-fixture below (importing its driver and harness inside the fixture, never at module level:
-collection must work without any driver installed), and a ``tests/backends/test_<name>.py``
-with ``pytestmark = pytest.mark.<name>``.
+``mysql``, ``postgres``, ``etcd``. A test without one is a collection error. A new backend
+registers its marker in ``pyproject.toml`` (``[tool.pytest.ini_options] markers``, description
+starting with ``backend:``, which is how this file tells backend markers from others), adds its
+server fixture below (importing its driver and harness inside the fixture, never at module
+level: collection must work without any driver installed), and a
+``tests/backends/test_<name>.py`` with ``pytestmark = pytest.mark.<name>``.
 
 **Capabilities.** A test of the conformance suite whose lock kind (the ``make`` parameter) or
 declared needs (``requires(...)`` in the suite, or a ``@pytest.mark.requires(...)`` marker
@@ -50,7 +50,10 @@ pytest.register_assert_rewrite(
     "tests.support_mysql",
     "tests.support_postgres",
     "tests.support_redis",
+    "tests.support_redis_cluster",
+    "tests.support_redlock",
     "tests.support_zookeeper",
+    "tests.support_etcd",
 )
 
 # ruff: noqa: E402 - the modules above must be registered for assertion rewriting first
@@ -59,8 +62,11 @@ from aiodlock.testing.conformance import unmet_needs
 
 if TYPE_CHECKING:
     from tests.servers import RedisServer, TLSFiles
+    from tests.support_etcd import EtcdCluster, EtcdServer
     from tests.support_mysql import MariaDBServer
     from tests.support_postgres import PostgresServer
+    from tests.support_redis_cluster import ClusterDeployment
+    from tests.support_redlock import RedlockMasters
     from tests.support_sentinel import SentinelDeployment
     from tests.support_zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
@@ -186,6 +192,34 @@ def redis_sentinel() -> Iterator[SentinelDeployment]:
 
 
 @pytest.fixture(scope="session")
+def redlock_masters() -> Iterator[RedlockMasters]:
+    """Three independent redis-server masters for the session (a fault test heals them)."""
+    from tests.support_redlock import RedlockMasters
+
+    with RedlockMasters(3) as masters:
+        yield masters
+
+
+@pytest.fixture(scope="session")
+def redlock_masters5() -> Iterator[RedlockMasters]:
+    """Five independent masters, started only for the tests that ask for them."""
+    from tests.support_redlock import RedlockMasters
+
+    with RedlockMasters(5) as masters:
+        yield masters
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterDeployment]:
+    """Three masters with a replica each, for the session (no faults on this one: the fault
+    tests make their own)."""
+    from tests.support_redis_cluster import ClusterDeployment
+
+    with ClusterDeployment() as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
     """One standalone ZooKeeper for the session (tests use unique namespaces)."""
     from tests.support_zookeeper import ZooKeeperServer
@@ -257,3 +291,21 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
     client.cert_chain_pems[0].write_to_path(str(directory / "client-cert.pem"))
     client.private_key_pem.write_to_path(str(directory / "client-key.pem"))
     return files
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One single-member etcd for the session (tests use unique namespaces)."""
+    from tests.support_etcd import EtcdServer
+
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """A three-member etcd cluster, started only for the tests that ask for it."""
+    from tests.support_etcd import EtcdCluster
+
+    with EtcdCluster() as cluster:
+        yield cluster

@@ -330,10 +330,11 @@ class PostgresProbe:
         ]
 
     async def tls_sessions(self) -> list[tuple[bool, str | None]]:
-        """``(ssl, client_dn)`` of every aiodlock session (``application_name``)."""
+        """``(ssl, client_dn)`` of every aiodlock session (``application_name`` ``aiodlock``,
+        or ``aiodlock:OWNER`` while it holds a lock)."""
         rows = await self.rows(
             "SELECT s.ssl, s.client_dn FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-            "WHERE a.application_name = 'aiodlock'"
+            "WHERE a.application_name LIKE 'aiodlock%'"
         )
         return [(bool(ssl), None if dn is None else str(dn)) for ssl, dn in rows]
 

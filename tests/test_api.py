@@ -56,7 +56,10 @@ def test_exception_tree() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("etcd://x", "known schemes: memory://, mysql://, postgres://, postgresql://, redis://"),
+        (
+            "consul://x",
+            "known schemes: etcd://, memory://, mysql://, postgres://, postgresql://, redis://",
+        ),
         ("nonsense", "unknown URL scheme"),
         ("redis://h:99999", "port out of range"),
         ("redis://h:abc", "bad port"),

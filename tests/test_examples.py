@@ -180,7 +180,7 @@ def test_demo_refuses_processes_on_memory() -> None:
     [
         (["--buyers", "0"], "argument --buyers: must be at least 1, got 0"),
         (["--stock", "many"], "argument --stock: expected a whole number, got 'many'"),
-        (["--url", "etcd://h:2379"], "unknown URL scheme 'etcd' in url; known schemes: "),
+        (["--url", "consul://h:8500"], "unknown URL scheme 'consul' in url; known schemes: "),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )

@@ -455,8 +455,8 @@ async def test_fencing_table_is_created_on_first_use(
 async def test_fencing_table_without_sem_limit_gets_the_column(
     mysql_url: str, ns: str, probe: MySQLProbe
 ) -> None:
-    """A fence table made before semaphore limits were recorded is upgraded on first use;
-    its rows and tokens are kept."""
+    """A fence table made before semaphore limits (and the operators' columns) were recorded
+    is upgraded on first use; its rows and tokens are kept, and inspect sees its names."""
     table = f"fence_{uuid.uuid4().hex[:12]}"
     await probe.rows(
         f"CREATE TABLE {table} (lock_key BINARY(32) NOT NULL PRIMARY KEY, "
@@ -468,7 +468,9 @@ async def test_fencing_table_without_sem_limit_gets_the_column(
             connect(mysql_url, ns, fence_table=table) as b,
         ):
             async with a.lock("t") as first:
-                pass
+                (info,) = await b.inspect()
+                assert (info.name, info.fencing_token) == ("t", first.fencing_token)
+                assert [h.owner for h in info.holders] == [first.owner]
             async with a.semaphore("t", limit=2) as lease:
                 assert lease.fencing_token == first.fencing_token + 1
                 with pytest.raises(aiodlock.LimitMismatchError, match="limit 2"):

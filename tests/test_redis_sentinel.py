@@ -12,16 +12,14 @@ with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
 
 import aiodlock
-from aiodlock.testing import History, Hold
+from aiodlock.testing import History
+from tests.helpers import FailoverLoad
 
 if TYPE_CHECKING:
     from tests.support_sentinel import SentinelDeployment
@@ -39,61 +37,7 @@ def deployment() -> Iterator[SentinelDeployment]:
         yield made
 
 
-@dataclass
-class Load:
-    """Clients taking one lock in a loop; what each acquisition came to."""
-
-    url: str
-    clean: list[Hold] = field(default_factory=list)  # holds that ended without a loss
-    lost: int = 0
-    failed: int = 0  # BackendError or LockTimeoutError while the master was away
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def worker(self, client: aiodlock.LockClient, name: str) -> None:
-        while not self.stop.is_set():
-            try:
-                async with client.lock("job", ttl=3, timeout=10) as lease:
-                    start = time.monotonic()
-                    await asyncio.sleep(0.005)
-                    end = time.monotonic()
-                self.clean.append(Hold(name, lease.fencing_token, start, end))
-            except aiodlock.LockLostError:
-                self.lost += 1
-            except (aiodlock.BackendError, aiodlock.LockTimeoutError):
-                self.failed += 1
-                await asyncio.sleep(0.05)  # an application's back-off while the master is away
-
-    async def run_through(self, fault: object) -> int:
-        """Run the load, apply ``fault()`` in a thread once it is going, go on for 2 s after it;
-        return the grants after the fault."""
-        assert callable(fault)
-        async with contextlib.AsyncExitStack() as stack:
-            clients = [
-                await stack.enter_async_context(aiodlock.connect(self.url, namespace="fo"))
-                for _ in range(2)
-            ]
-            tasks = [
-                asyncio.create_task(self.worker(client, f"c{c}w{w}"))
-                for c, client in enumerate(clients)
-                for w in range(3)
-            ]
-            await _until(lambda: len(self.clean) >= 20)
-            await asyncio.to_thread(fault)
-            before = len(self.clean)
-            await _until(lambda: len(self.clean) >= before + 20, timeout=30)
-            self.stop.set()
-            await asyncio.gather(*tasks)
-            return len(self.clean) - before
-
-
-async def _until(condition: object, timeout: float = 10.0) -> None:
-    assert callable(condition)
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - progress of other tasks, no event for it
-            await asyncio.sleep(0.01)
-
-
-def _check(load: Load, *, durable: bool) -> None:
+def _check(load: FailoverLoad, *, durable: bool) -> None:
     """With ``wait_replicas=1`` every grant is on the replica before it is returned, so a
     failover loses none: no two holders overlap. Without it, a grant made on the old master
     just before the failover can be lost and given again, with the holders overlapping for a
@@ -103,19 +47,15 @@ def _check(load: Load, *, durable: bool) -> None:
     if durable:
         History(load.clean).check(max_holders=1)
         return
-    ordered = sorted(load.clean, key=lambda hold: hold.start)
-    tokens = [hold.token for hold in ordered]
-    assert tokens == sorted(set(tokens)), "fencing order broken across the failover"
+    load.check_fencing_order()
 
 
 DURABILITY = pytest.mark.parametrize("durable", [True, False], ids=["wait_replicas", "async"])
 
 
 @DURABILITY
-async def test_sentinel_failover_under_load(
-    deployment: SentinelDeployment, durable: bool
-) -> None:
-    load = Load(deployment.url + ("?wait_replicas=1" if durable else ""))
+async def test_sentinel_failover_under_load(deployment: SentinelDeployment, durable: bool) -> None:
+    load = FailoverLoad(deployment.url + ("?wait_replicas=1" if durable else ""))
     old = deployment.current_master()
     after = await load.run_through(deployment.failover)
     assert deployment.current_master() is not old
@@ -125,7 +65,7 @@ async def test_sentinel_failover_under_load(
 
 @DURABILITY
 async def test_killed_master_under_load(deployment: SentinelDeployment, durable: bool) -> None:
-    load = Load(deployment.url + ("?wait_replicas=1" if durable else ""))
+    load = FailoverLoad(deployment.url + ("?wait_replicas=1" if durable else ""))
     old = deployment.current_master()
 
     def kill_the_master() -> None:
@@ -146,6 +86,7 @@ async def test_a_lock_lost_in_a_failover_is_reported_and_tokens_still_grow(
     holder's next renewal finds no key: its body is cancelled with LockLostError (never a
     resurrected lease), and the next holder's token is still larger."""
     import redis
+
     master = deployment.current_master()
     replicas = [s for s in deployment.servers if s is not master]
     async with (

@@ -199,6 +199,13 @@ class Conn:
         rows: tuple[tuple[Any, ...], ...] = tuple(result.rows or ())
         return rows, int(result.insert_id or 0)
 
+    async def write(
+        self, sql: str, *, timeout: float | None, harmless: Sequence[int] = ()
+    ) -> tuple[int, int]:
+        """Run an ``INSERT``; return how many rows it changed and its ``insert_id``."""
+        _, insert_id = await self.query(sql, timeout=timeout, harmless=harmless)
+        return int(self._raw._result.affected_rows or 0), insert_id
+
     async def change(self, sql: str, *, timeout: float | None) -> int:
         """Run an ``UPDATE``/``DELETE``; return how many rows it changed."""
         await self.query(sql, timeout=timeout)

@@ -44,7 +44,10 @@ The contract, per method:
     silent session, minus a margin — or ``None`` if there is no such bound. The core keeps
     ``lease.valid_until`` (and so ``assert_held()`` and the watchdog's deadline) no later than
     this, so a process paused past its session never believes it still holds the lock. Called
-    often: no I/O. TTL backends return ``None`` (their renewals already bound the lease).
+    often: no I/O. TTL backends return ``None`` (their renewals already bound the lease),
+    unless their own validity rule is stricter than the core's 1 % + 2 ms drift margin: the
+    Redlock backend returns the start of the last confirmed acquire or renew + ttl - its
+    ``drift_factor`` margin.
 
 ``waiter(spec, owner)``
     An async context manager. Entering it arms the wakeup (subscribes) and returns only once the

@@ -291,7 +291,8 @@ class MemoryBackend:
                 HolderInfo(owner, max(holder.expires_at - now, 0.0))
                 for owner, holder in entry.holders.items()
             )
-            waiters = len(entry.waiters) + len(entry.queue)
+            # A fair waiter is both in the queue and waiting: count it once.
+            waiters = max(len(entry.waiters), len(entry.queue))
             found.append(LockInfo(name, kind, holders, entry.token, waiters))
         return found
 

@@ -31,10 +31,13 @@ any await point.
 lowercase-safe characters, otherwise a readable prefix plus 200 bits of SHA-256 — every name
 fits MySQL's 64-character limit and no server's case folding can merge two locks.
 
-**Fencing.** After ``GET_LOCK`` succeeds, the acquiring connection (autocommit) runs
-``INSERT INTO aiodlock_fence ... VALUES (key, name, LAST_INSERT_ID(<server clock in µs>))
-ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`` and takes the token from the
-reply's insert id: one atomic, durable bump per grant, in the lock's holder's session. The
+**Fencing.** The acquiring connection (autocommit) bumps a row ``INSERT INTO aiodlock_fence
+... (key, name, LAST_INSERT_ID(<server clock in µs>)) ON DUPLICATE KEY UPDATE token =
+LAST_INSERT_ID(token + 1)`` and takes the token from the reply's insert id: one atomic,
+durable bump per grant, in the lock's holder's session. A mutex's first attempt sends the
+``GET_LOCK(name, 0)`` as the condition of that same statement (``INSERT ... SELECT ... FROM
+DUAL WHERE GET_LOCK(name, 0) = 1``), so taking a free lock with its token is one round trip;
+a grant inside a wait, and a semaphore slot, are bumped by a second statement. The
 table (``fence_table`` option) is created on first use. A row unused for ``fence_ttl`` seconds
 (default 7 days) is deleted by a sweep each client runs at most once an hour, so the table
 does not grow with every name ever locked; as a new row starts from the server's clock, the
@@ -60,8 +63,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fnmatch
 import logging
 import math
+import re
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -71,7 +76,7 @@ from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
-from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
 from ._tls import TLS_OPTIONS, tls_context
 
 if TYPE_CHECKING:
@@ -108,7 +113,8 @@ _FENCE_DDL: Final = """CREATE TABLE IF NOT EXISTS {table} (
     lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL COMMENT 'readable, for operators',
     token BIGINT UNSIGNED NOT NULL COMMENT 'last fencing token handed out',
     {limit_column},
-    {touched_column}
+    {touched_column},
+    {who_columns}
 ) ENGINE=InnoDB COMMENT='aiodlock fencing tokens: one row per lock name used lately'"""
 _LIMIT_COLUMN: Final = (
     "sem_limit SMALLINT UNSIGNED NULL COMMENT 'the limit of the semaphore holders, if any'"
@@ -117,6 +123,19 @@ _TOUCHED_COLUMN: Final = (
     "touched DATETIME(6) NOT NULL DEFAULT '1970-01-01' COMMENT 'last grant (UTC)', "
     "ADD INDEX idle (touched)"
 )
+# For operators (inspect names the locks of a namespace, and the owner of the newest grant).
+_WHO_COLUMNS: Final = (
+    "namespace VARBINARY(1024) NULL COMMENT 'the namespace (UTF-8), for operators', "
+    "ADD COLUMN name VARBINARY(1024) NULL COMMENT 'the lock name (UTF-8), for operators', "
+    "ADD COLUMN holder VARBINARY(64) NULL COMMENT 'owner id of the newest grant', "
+    "ADD COLUMN holder_connection BIGINT UNSIGNED NULL COMMENT 'CONNECTION_ID() of it', "
+    "ADD INDEX by_namespace (namespace(64))"
+)
+_WHO_INSERT: Final = "X'{ns}', X'{name}', X'{owner}', CONNECTION_ID()"
+_WHO_UPDATE: Final = (
+    "namespace = X'{ns}', name = X'{name}', holder = X'{owner}', "
+    "holder_connection = CONNECTION_ID()"
+)
 # A new row starts from the server's clock in microseconds, not 1: then a name whose row was
 # swept (or lost) still gets tokens above every earlier one. UNIX_TIMESTAMP() reads the epoch
 # itself (UNIX_TIMESTAMP(NOW(6)) goes through the session's time zone and can step back an
@@ -124,17 +143,36 @@ _TOUCHED_COLUMN: Final = (
 # statement's start), do not depend on the time zone.
 _SEED: Final = "UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
 _FENCE_BUMP: Final = (
-    "INSERT INTO {table} (lock_key, lock_name, token, touched) VALUES (X'{key}', '{label}', "
-    f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
-    "token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6)"
+    "INSERT INTO {table} (lock_key, lock_name, token, touched, namespace, name, holder, "
+    "holder_connection) VALUES (X'{key}', '{label}', "
+    f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {_WHO_INSERT}) ON DUPLICATE KEY UPDATE "
+    f"token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), {_WHO_UPDATE}"
+)
+# A mutex is taken and fenced in one round trip: the row is written only if GET_LOCK says 1
+# (one row FROM DUAL: the condition runs once), so no row changed means busy.
+_TAKE_AND_BUMP: Final = (
+    "INSERT INTO {table} (lock_key, lock_name, token, touched, namespace, name, holder, "
+    "holder_connection) SELECT X'{key}', '{label}', "
+    f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {_WHO_INSERT} FROM DUAL "
+    "WHERE GET_LOCK('{target}', 0) = 1 ON DUPLICATE KEY UPDATE "
+    f"token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), {_WHO_UPDATE}"
 )
 # A semaphore's bump also records its limit on first use (a row without one).
 _SEM_FENCE_BUMP: Final = (
-    "INSERT INTO {table} (lock_key, lock_name, token, touched, sem_limit) VALUES (X'{key}', "
-    f"'{{label}}', LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {{limit}}) ON DUPLICATE KEY UPDATE "
-    "token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), "
-    "sem_limit = IFNULL(sem_limit, {limit})"
+    "INSERT INTO {table} (lock_key, lock_name, token, touched, sem_limit, namespace, name, "
+    "holder, holder_connection) VALUES (X'{key}', "
+    f"'{{label}}', LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {{limit}}, {_WHO_INSERT}) "
+    "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), "
+    f"sem_limit = IFNULL(sem_limit, {{limit}}), {_WHO_UPDATE}"
 )
+# inspect: the statements of the sessions waiting in GET_LOCK (a wait has a timeout > 0).
+_WAITS: Final = (
+    "SELECT INFO FROM information_schema.PROCESSLIST "
+    "WHERE ID <> CONNECTION_ID() AND INFO LIKE '%GET\\_LOCK(%'"
+)
+_WAIT_CALL: Final = re.compile(r"GET_LOCK\('([^']*)', ([0-9.]+)\)")
+# break: the fencing row moves on, as a grant would.
+_FENCE_MOVE: Final = "UPDATE {table} SET token = token + 1 WHERE lock_key = X'{key}'"
 _SWEEP: Final = (
     "DELETE FROM {table} WHERE touched < UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND "
     f"LIMIT {_SWEEP_BATCH}"
@@ -239,6 +277,8 @@ class MySQLBackend:
             Capability.FENCING,
             Capability.SESSION_LEASE,
             Capability.SERVER_WAKEUP,
+            Capability.INSPECT,
+            Capability.BREAK,
         }
     )
     queues_on_busy: ClassVar[bool] = False
@@ -394,7 +434,8 @@ class MySQLBackend:
     # ------------------------------------------------------------------ protocol
 
     async def try_acquire(self, spec: LockSpec, owner: str, ttl: float) -> Grant | Busy:
-        """``GET_LOCK(name, 0)`` (all slots for a semaphore), then the fencing bump."""
+        """``GET_LOCK(name, 0)`` with the fencing bump in the same statement (a semaphore:
+        all slots, then the bump)."""
         self._require_open()
         ident = _ident(spec, owner)
         acq = self._acqs.get(ident)
@@ -410,7 +451,14 @@ class MySQLBackend:
                     acq.conn = None
                 if acq.conn is None:
                     acq.conn = await self._checkout()
-                acq.held = await self._get_now(spec, acq.conn)
+                if spec.kind is not Kind.SEMAPHORE:
+                    target = lock_name(spec.namespace, _family(spec.kind), spec.name)
+                    token = await self._take_and_bump(spec, target, acq.conn, ttl, owner)
+                    if token is not None:
+                        acq.held = target
+                        return self._granted(acq, token)
+                else:
+                    acq.held = await self._get_now(spec, acq.conn)
                 if acq.held is None:
                     # Every slot of ours is taken: by holders of another limit? Then say so
                     # now, instead of waiting for a slot (with a lower limit, forever).
@@ -424,7 +472,7 @@ class MySQLBackend:
                     return Busy(None)
             # The session holds the lock now (just taken, or granted inside a wait).
             assert acq.conn is not None
-            token = await self._bump_fence(spec, acq.conn, ttl)
+            token = await self._bump_fence(spec, acq.conn, ttl, owner)
             in_use = None
             if spec.kind is Kind.SEMAPHORE:
                 in_use = await self._claim_limit(spec, acq.conn)
@@ -443,6 +491,12 @@ class MySQLBackend:
                 del self._acqs[ident]
             await self._retire(acq)
             raise LimitMismatchError(spec.name, in_use, spec.limit)
+        return self._granted(acq, token)
+
+    @staticmethod
+    def _granted(acq: _Acquisition, token: int) -> Grant:
+        """The acquisition's session holds the lock and has its token: watch for its loss."""
+        assert acq.conn is not None
         acq.granted = True
         acq.event = acq.conn.lease_event = asyncio.Event()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
@@ -556,32 +610,62 @@ class MySQLBackend:
             return None
         return slots[int(index)]
 
-    async def _bump_fence(self, spec: LockSpec, conn: Conn, ttl: float) -> int:
-        """Next fencing token, on the holding connection; set its ``wait_timeout`` first."""
-        wanted = _wait_timeout(ttl)
-        if conn.wait_timeout != wanted:
-            await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
-            conn.wait_timeout = wanted
+    async def _take_and_bump(
+        self, spec: LockSpec, target: str, conn: Conn, ttl: float, owner: str
+    ) -> int | None:
+        """``GET_LOCK(target, 0)`` and, if it is ours, the fencing bump: one round trip.
+
+        The lock's fencing token, or None when the lock is busy (nothing was written).
+        """
+        sql = self._fence_sql(_TAKE_AND_BUMP, spec, owner, target=target)
+        changed, token = await self._fence_query(conn, sql, ttl)
+        if not changed:
+            return None
+        if token < 1:
+            raise BackendError(f"{self._where}: the fencing bump returned no token")
+        return token
+
+    async def _bump_fence(self, spec: LockSpec, conn: Conn, ttl: float, owner: str) -> int:
+        """Next fencing token, on the connection that holds the lock."""
         bump = _SEM_FENCE_BUMP if spec.kind is Kind.SEMAPHORE else _FENCE_BUMP
-        sql = bump.format(
+        _, token = await self._fence_query(conn, self._fence_sql(bump, spec, owner), ttl)
+        if token < 1:
+            raise BackendError(f"{self._where}: the fencing bump returned no token")
+        return token
+
+    def _fence_sql(self, template: str, spec: LockSpec, owner: str, **extra: str) -> str:
+        return template.format(
             table=self._table,
             key=fence_key(spec.namespace, spec.name).hex(),
             label=lock_name(spec.namespace, "f", spec.name),
             limit=spec.limit,
+            ns=_hex(spec.namespace),
+            name=_hex(spec.name),
+            owner=_hex(owner),
+            **extra,
         )
+
+    async def _fence_query(self, conn: Conn, sql: str, ttl: float) -> tuple[int, int]:
+        """Run a fencing statement (rows changed, insert id) on a session whose
+        ``wait_timeout`` suits ``ttl``; create or upgrade the table if it needs it.
+
+        A missing table or column fails the statement before it runs, GET_LOCK included.
+        """
+        wanted = _wait_timeout(ttl)
+        if conn.wait_timeout != wanted:
+            await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
+            conn.wait_timeout = wanted
         try:
-            _, token = await conn.query(
+            result = await conn.write(
                 sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
             )
         except DRIVER_ERRORS as exc:
             if error_code(exc) not in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD):
                 raise
             await self._upgrade_fence_table(conn, error_code(exc))
-            _, token = await conn.query(sql, timeout=self._query_timeout)
-        if token < 1:
-            raise BackendError(f"{self._where}: the fencing bump returned no token")
+            result = await conn.write(sql, timeout=self._query_timeout)
         self._maybe_sweep()
-        return token
+        return result
 
     async def _upgrade_fence_table(self, conn: Conn, code: int | None) -> None:
         """Create the fence table, or add the columns an older aiodlock did not make."""
@@ -590,15 +674,14 @@ class MySQLBackend:
                 table=self._table,
                 limit_column=_LIMIT_COLUMN,
                 touched_column=_TOUCHED_COLUMN.replace("ADD INDEX", "INDEX"),
+                who_columns=_WHO_COLUMNS.replace("ADD COLUMN ", "").replace("ADD INDEX", "INDEX"),
             )
             await conn.query(ddl, timeout=self._query_timeout)
             return
-        for column in (_LIMIT_COLUMN, _TOUCHED_COLUMN):
+        for column in (_LIMIT_COLUMN, _TOUCHED_COLUMN, _WHO_COLUMNS):
             alter = f"ALTER TABLE {self._table} ADD COLUMN {column}"
             with contextlib.suppress(*DRIVER_ERRORS):  # it is there (made by another client)
-                await conn.query(
-                    alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,)
-                )
+                await conn.query(alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,))
 
     def _maybe_sweep(self) -> None:
         """Start a sweep of idle fencing rows if this client has not run one lately."""
@@ -924,6 +1007,106 @@ class MySQLBackend:
 
     # ------------------------------------------------------------------ helpers
 
+    # ------------------------------------------------------------------ operators
+
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every held lock of ``namespace`` whose name matches ``pattern``, sorted by name.
+
+        Names come from the fencing table (server-side lock names may be hashes), holders from
+        ``IS_USED_LOCK`` of each lock name (a semaphore: of each slot), in one statement per
+        batch of names. A holder is named by the owner id its grant recorded in the row when
+        its session is the one that made the newest grant, else as ``connection N`` (an older
+        permit of a semaphore). ``expires_in`` is ``None`` (a session lease). Waiters are the
+        sessions waiting in ``GET_LOCK(name, slice)`` as ``information_schema.PROCESSLIST``
+        shows them (other users' sessions only with the ``PROCESS`` privilege).
+        """
+        waits = collections.Counter(
+            match[0]
+            for (info,) in await self._operator_query("inspect", _WAITS)
+            for match in _WAIT_CALL.findall(str(info))
+            if float(match[1]) > 0
+        )
+        sql = (
+            f"SELECT name, token, sem_limit, holder, holder_connection FROM {self._table} "
+            f"WHERE namespace = X'{_hex(namespace)}' AND name IS NOT NULL"
+        )
+        rows = await self._operator_query("inspect", sql)
+        found: list[LockInfo] = []
+        for raw_name, token, sem_limit, holder, holder_conn in sorted(rows):
+            name = bytes(raw_name).decode("utf-8", "surrogatepass")
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            families = (
+                (Kind.MUTEX, [lock_name(namespace, "m", name)]),
+                (
+                    Kind.SEMAPHORE,
+                    [lock_name(namespace, "s", name, i) for i in range(sem_limit or 0)],
+                ),
+            )
+            for kind, labels in families:
+                if not labels:
+                    continue
+                used = await self._operator_query(
+                    "inspect", "SELECT " + ", ".join(f"IS_USED_LOCK('{x}')" for x in labels)
+                )
+                holders = tuple(
+                    HolderInfo(_holder_name(int(conn), holder, holder_conn), None)
+                    for conn in used[0]
+                    if conn is not None
+                )
+                if holders:
+                    waiters = sum(waits[label] for label in labels)
+                    found.append(LockInfo(name, kind, holders, int(token), waiters))
+        return found
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """``KILL CONNECTION`` every session holding ``spec``'s lock (a semaphore: any slot),
+        then move its fencing row on. The holders' sockets close, so their leases are lost at
+        once. Needs the right to kill those sessions (the same user, or ``CONNECTION ADMIN``
+        / ``SUPER``)."""
+        family = _family(spec.kind)
+        if spec.kind is Kind.SEMAPHORE:
+            labels = [
+                lock_name(spec.namespace, family, spec.name, i)
+                for i in range(MAX_SEMAPHORE_LIMIT)
+            ]
+        else:
+            labels = [lock_name(spec.namespace, family, spec.name)]
+        used = await self._operator_query(
+            "break", "SELECT " + ", ".join(f"IS_USED_LOCK('{x}')" for x in labels)
+        )
+        sessions = sorted({int(conn) for conn in used[0] if conn is not None})
+        for session in sessions:
+            # A session gone meanwhile (no such thread) is fine: its lock went with it.
+            await self._operator_query("break", f"KILL CONNECTION {session}")
+        if sessions:
+            key = fence_key(spec.namespace, spec.name).hex()
+            await self._operator_query("break", _FENCE_MOVE.format(table=self._table, key=key))
+        return len(sessions)
+
+    async def _operator_query(self, action: str, sql: str) -> tuple[tuple[Any, ...], ...]:
+        """One statement on a lock-free connection of ours, for inspect and break (a missing
+        fencing table, or one made before the columns inspect reads, reads as empty, and
+        so does a ``KILL`` of a session that is gone)."""
+        self._require_open()
+        conn = await self._checkout()
+        try:
+            rows, _ = await conn.query(
+                sql,
+                timeout=self._query_timeout,
+                harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD, _ER_NO_SUCH_THREAD),
+            )
+        except BaseException as exc:
+            if conn.closed:
+                self._discard(conn)
+            else:
+                self._checkin(conn)
+            if error_code(exc) in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD, _ER_NO_SUCH_THREAD):
+                return ()
+            self._raise_translated(exc, action)
+        self._checkin(conn)
+        return rows
+
     def _require_open(self) -> None:
         if self._state != "open":
             raise BackendError(f"the mysql backend for {self._where} is {self._state}")
@@ -941,6 +1124,19 @@ class MySQLBackend:
                 f"mysql {action} failed on {self._where}: {type(exc).__name__}: {detail}"
             ) from exc
         raise exc
+
+
+def _holder_name(conn: int, holder: bytes | None, holder_conn: int | None) -> str:
+    """The owner id recorded by the newest grant if session ``conn`` made it, else the
+    session's id."""
+    if holder is not None and holder_conn is not None and int(holder_conn) == conn:
+        return bytes(holder).decode("ascii", "replace")
+    return f"connection {conn}"
+
+
+def _hex(text: str) -> str:
+    """``text`` as the digits of an SQL hex literal (``X'...'``): no quoting to get wrong."""
+    return text.encode("utf-8", "surrogatepass").hex()
 
 
 def _ident(spec: LockSpec, owner: str) -> tuple[str, str, str, str]:

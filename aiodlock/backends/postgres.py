@@ -60,6 +60,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fnmatch
+import json
 import logging
 import math
 import ssl
@@ -73,7 +75,7 @@ from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
 from ._pg_conn import DRIVER_ERRORS, LOCK_TIMEOUT, Conn, ConnectSettings, sqlstate
 from ._pg_keys import advisory_key, check_table_name, fence_key, split_key
-from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
 
 if TYPE_CHECKING:
     from .._url import ParsedURL
@@ -138,15 +140,43 @@ _BUMP: Final = """bump AS (
 _GRANT: Final = """WITH got AS MATERIALIZED (SELECT CASE {whens} ELSE -1 END AS slot),
 {bump}
 SELECT got.slot, bump.token, bump.sem_limit,
-       set_config('idle_session_timeout', CASE WHEN got.slot >= 0 THEN $5 ELSE '0' END, false)
+       set_config('idle_session_timeout', CASE WHEN got.slot >= 0 THEN $5 ELSE '0' END, false),
+       set_config('application_name', CASE WHEN got.slot >= 0 THEN $7 ELSE 'aiodlock' END, false)
 FROM got LEFT JOIN bump ON true"""
 
 # The claim of a lock the session got inside a wait: the bump alone.
 _CLAIM: Final = """WITH {bump}
-SELECT 0, bump.token, bump.sem_limit, set_config('idle_session_timeout', $5, false)
+SELECT 0, bump.token, bump.sem_limit, set_config('idle_session_timeout', $5, false),
+       set_config('application_name', $6, false)
 FROM (SELECT 1) AS one LEFT JOIN bump ON true"""
 
 _DATABASE: Final = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+_APPLICATION: Final = "aiodlock:"
+"""A session holding a lock is named ``aiodlock:OWNER`` (``application_name``, set by the
+grant statement itself, back to ``aiodlock`` by the release), so that an operator's
+``inspect`` can name the owner."""
+_ADVISORY_KEY: Final = "((l.classid::bigint << 32) | l.objid::bigint)"
+# inspect: the namespace's fencing rows (name, newest token, sem_limit), and every advisory
+# lock of this database (key, mode, granted, pid, application_name): JSON, in one row.
+_INSPECT: Final = f"""SELECT
+  (SELECT coalesce(json_agg(json_build_array(name, token, sem_limit)), '[]')::text
+     FROM {{table}} WHERE namespace = $1),
+  (SELECT coalesce(json_agg(json_build_array({_ADVISORY_KEY}, l.mode, l.granted, l.pid,
+                                             a.application_name)), '[]')::text
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = {_DATABASE})"""
+# break: end every session holding one of the keys ($1), waiting up to $2 ms for each to be
+# gone (so its locks are free when this returns); how many were ended.
+_TERMINATE: Final = f"""SELECT count(*) FILTER (WHERE pg_terminate_backend(holder.pid, $2))
+FROM (SELECT DISTINCT l.pid FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+        AND l.database = {_DATABASE} AND l.pid <> pg_backend_pid()
+        AND {_ADVISORY_KEY} = ANY($1::bigint[])) AS holder"""
+_TERMINATE_WAIT_MS: Final = 5000
+# break: move the fencing row on, as a grant would (a row of another name is left alone).
+_FENCE_MOVE: Final = """UPDATE {table} SET token = GREATEST(token + 1, {clock}),
+    touched = clock_timestamp()
+WHERE lock_key = $1 AND namespace = $2 AND name = $3"""
 _KEEP_ALIVE: Final = f"""SELECT EXISTS (
     SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
     AND pid = pg_backend_pid() AND classid = $1::oid AND objid = $2::oid
@@ -158,10 +188,12 @@ _HELD_BY_OTHERS: Final = f"""SELECT EXISTS (
 # Left to right: the key, then anything stacked on the session by mistake.
 _RELEASE: Final = (
     "SELECT {unlock}($1), pg_advisory_unlock_all(), "
-    "set_config('idle_session_timeout', '0', false)"
+    "set_config('idle_session_timeout', '0', false), "
+    "set_config('application_name', 'aiodlock', false)"
 )
 _CLEAN: Final = (
-    "SELECT pg_advisory_unlock_all(); SET idle_session_timeout = 0; SET lock_timeout = 0"
+    "SELECT pg_advisory_unlock_all(); SET idle_session_timeout = 0; SET lock_timeout = 0; "
+    "SET application_name = 'aiodlock'"
 )
 _SWEEP: Final = """WITH gone AS (DELETE FROM {table} WHERE lock_key IN (
     SELECT lock_key FROM {table} WHERE touched < clock_timestamp() - make_interval(secs => $1)
@@ -321,6 +353,8 @@ class PostgresBackend:
             Capability.FENCING,
             Capability.SESSION_LEASE,
             Capability.SERVER_WAKEUP,
+            Capability.INSPECT,
+            Capability.BREAK,
         }
     )
     queues_on_busy: ClassVar[bool] = False
@@ -506,7 +540,7 @@ class PostgresBackend:
                 acq.conn = await self._checkout()
             conn = acq.conn
             claiming = acq.held is not None
-            slot, token, recorded = await self._grant(spec, conn, ttl, claiming=claiming)
+            slot, token, recorded = await self._grant(spec, conn, ttl, owner, claiming=claiming)
             if slot < 0:
                 # Every slot of ours is taken: by holders of another limit? Then say so now,
                 # instead of waiting for a slot (with a lower limit, forever).
@@ -642,6 +676,81 @@ class PostgresBackend:
                     del self._acqs[ident]
                 await self._retire(acq)
 
+    # ------------------------------------------------------------------ operators
+
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every held lock of ``namespace`` whose name matches ``pattern``, sorted by name.
+
+        Names come from the fencing table (advisory keys are hashes), holders and waiters from
+        ``pg_locks``: one statement. A holder's owner is its session's ``application_name``
+        (``aiodlock:OWNER``, set by the grant), else ``pid N``; ``expires_in`` is ``None``
+        (the lease lives as long as the session).
+        """
+        sql = _INSPECT.format(table=self._table)
+        rows, locks = await self._operator_row("inspect", sql, namespace)
+        by_key: dict[int, list[tuple[str, bool, int, str | None]]] = collections.defaultdict(list)
+        for key, mode, granted, pid, application in json.loads(locks):
+            by_key[int(key)].append((str(mode), bool(granted), int(pid), application))
+        found: list[LockInfo] = []
+        for name, token, sem_limit in sorted(json.loads(rows)):
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            families = (
+                (Kind.MUTEX, [advisory_key(namespace, "m", name)]),
+                (Kind.WRITE, [advisory_key(namespace, "rw", name)]),
+                (
+                    Kind.SEMAPHORE,
+                    [advisory_key(namespace, "s", name, i) for i in range(sem_limit or 0)],
+                ),
+            )
+            for kind, keys in families:
+                entries = [entry for key in keys for entry in by_key.get(key, ())]
+                holders = [e for e in entries if e[1]]
+                if not holders:
+                    continue
+                if kind is Kind.WRITE and all(e[0] == "ShareLock" for e in holders):
+                    kind = Kind.READ
+                infos = tuple(HolderInfo(_owner_of(pid, app), None) for _, _, pid, app in holders)
+                waiters = len(entries) - len(holders)
+                found.append(LockInfo(name, kind, infos, int(token), waiters))
+        return found
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """End every session holding ``spec``'s lock (``pg_terminate_backend``, waiting for
+        each to be gone), then move its fencing row on. The holders' sockets close, so their
+        leases are lost at once. Needs the right to terminate those sessions (the same role,
+        a superuser, or ``pg_signal_backend``)."""
+        family = _family(spec.kind)
+        if spec.kind is Kind.SEMAPHORE:
+            keys = [
+                advisory_key(spec.namespace, family, spec.name, i)
+                for i in range(MAX_SEMAPHORE_LIMIT)
+            ]
+        else:
+            keys = [advisory_key(spec.namespace, family, spec.name)]
+        (ended,) = await self._operator_row("break", _TERMINATE, keys, _TERMINATE_WAIT_MS)
+        if ended:
+            await self._operator_row(
+                "break",
+                _FENCE_MOVE.format(table=self._table, clock=_CLOCK_US),
+                fence_key(spec.namespace, spec.name),
+                spec.namespace,
+                spec.name,
+            )
+        return int(ended)
+
+    async def _operator_row(self, action: str, sql: str, *args: Any) -> tuple[Any, ...]:
+        """One statement on a lock-free connection of ours, for inspect and break."""
+        self._require_open()
+        conn = await self._checkout()
+        try:
+            row = await conn.fetchrow(sql, *args, timeout=self._query_timeout)
+        except BaseException as exc:
+            self._checkin(conn)  # or to the janitor, if the reply was abandoned
+            self._raise_translated(exc, action)
+        self._checkin(conn)
+        return row
+
     # ------------------------------------------------------------------ lock steps
 
     def _keys(self, spec: LockSpec) -> list[int]:
@@ -654,7 +763,7 @@ class PostgresBackend:
         return _Held(self._keys(spec)[slot], shared=spec.kind is Kind.READ)
 
     async def _grant(
-        self, spec: LockSpec, conn: Conn, ttl: float, *, claiming: bool
+        self, spec: LockSpec, conn: Conn, ttl: float, owner: str, *, claiming: bool
     ) -> tuple[int, int | None, int | None]:
         """Take the lock and bump its fencing row in one statement (``claiming``: the session
         got it inside a wait; bump only). ``(slot or -1, token, recorded sem_limit)``; the
@@ -669,6 +778,7 @@ class PostgresBackend:
         keys = self._keys(spec)
         if not claiming:
             args.append(keys)
+        args.append(_APPLICATION + owner)
         sql = self._grant_sql(spec.kind is Kind.READ, len(keys), claiming)
         row = await conn.fetchrow(sql, *args, timeout=self._query_timeout)
         slot, token, recorded = row[0], row[1], row[2]
@@ -1027,6 +1137,13 @@ class PostgresBackend:
                 f"postgres {action} failed on {self._where}: {type(exc).__name__}: {detail}"
             ) from exc
         raise exc
+
+
+def _owner_of(pid: int, application: str | None) -> str:
+    """The owner a session holds a lock for (its ``application_name``), else its pid."""
+    if application and application.startswith(_APPLICATION):
+        return application.removeprefix(_APPLICATION)
+    return f"pid {pid}"
 
 
 def _ident(spec: LockSpec, owner: str) -> tuple[str, str, str, str]:

@@ -66,8 +66,9 @@ queue.
 * The session supervisor tracks the send time of the newest answered request
   (``contact``; the backend pings every ``grace / 3``). The server cannot expire the session
   before ``contact + session timeout``. A late ping proves nothing (under load it queues
-  behind every request before it): the connection is dropped and reopened only after it has
-  heard nothing at all for the session timeout. When ``contact + suspended_grace`` passes
+  behind every request before it): the connection is dropped and reopened (on the next
+  server of the ensemble) only after it has heard nothing at all for two thirds of the
+  session timeout, so the session survives a hung server. When ``contact + suspended_grace`` passes
   without an answer — connection suspended, server paused, network cut — every held lease is
   declared lost, *before* the server can expire the session and hand the lock to someone
   else. A server "session expired" answer (LOST) loses them at once. Declared-lost nodes are deleted
@@ -101,11 +102,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import functools
 import logging
 import os
 import re
 import socket
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Mapping, Set
 from contextlib import asynccontextmanager
@@ -116,7 +119,7 @@ from .._exceptions import BackendError, LimitMismatchError
 from .._url import ParsedURL
 from .._validate import check_seconds
 from ._no_tls import NO_TLS_OPTIONS, refuse_tls
-from ._protocol import Busy, Capability, Grant, Kind, LockSpec, Waiter
+from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
 from ._wakeup import BankedWakeup
 from ._zk_session import (
     CONNECTED,
@@ -130,7 +133,13 @@ from ._zk_session import (
     ZKTransport,
 )
 
-__all__ = ["ZooKeeperBackend", "encode_segment", "lock_directory", "namespace_path"]
+__all__ = [
+    "ZooKeeperBackend",
+    "decode_segment",
+    "encode_segment",
+    "lock_directory",
+    "namespace_path",
+]
 
 logger = logging.getLogger("aiodlock.zookeeper")
 
@@ -140,6 +149,8 @@ _DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 _DEFAULT_REQUEST_TIMEOUT: Final = 10.0
 _GRACE_FRACTION: Final = 0.5
 _MAX_GRACE_FRACTION: Final = 0.9
+_SILENCE_FRACTION: Final = 2 / 3
+"""A connection silent for this fraction of the session timeout is given up (see _pinger)."""
 _MIN_PING_TIMEOUT: Final = 0.05  # the shortest heartbeat
 _ENQUEUE_ATTEMPTS: Final = 6
 _MIN_SERVER_VERSION: Final = (3, 5, 3)
@@ -194,6 +205,49 @@ def _chroot(path: str) -> str:
 
 def _seq(name: str) -> int:
     return int(name[-10:])
+
+
+def decode_segment(segment: str) -> str:
+    """The string :func:`encode_segment` made ``segment`` from."""
+    return urllib.parse.unquote(segment, encoding="utf-8", errors="surrogatepass")
+
+
+_KIND_OF_FAMILY: Final = {"mutex": Kind.MUTEX, "rw": Kind.READ, "semaphore": Kind.SEMAPHORE}
+
+
+def _contenders(names: list[str]) -> list[tuple[int, str, int, str]]:
+    """``(sequence, tag, limit, name)`` of each contender node, in queue order."""
+    return sorted(
+        (int(m.group(3)), m.group(1), int(m.group(2) or 0), name)
+        for name in names
+        if (m := _CONTENDER.match(name))
+    )
+
+
+def _holders(contenders: list[tuple[int, str, int, str]]) -> list[tuple[str, str]]:
+    """``(tag, name)`` of the contenders granted now, by the rules of :func:`_evaluate`:
+    the first node of a mutex or a writer; the readers before the first writer; the first N
+    nodes of a semaphore of N."""
+    if not contenders:
+        return []
+    _, tag, limit, _ = contenders[0]
+    if tag == "read":
+        readers = []
+        for _, t, _, name in contenders:
+            if t == "writ":
+                break
+            readers.append((t, name))
+        return readers
+    count = max(limit, 1) if tag == "sema" else 1
+    return [(t, name) for _, t, _, name in contenders[:count]]
+
+
+def _node_owner(data: bytes, session: int) -> str:
+    """The owner written in a contender's data (``owner=...``), else its session id."""
+    for word in data.decode("utf-8", "replace").split():
+        if word.startswith("owner="):
+            return word.removeprefix("owner=")
+    return f"session {session:#x}"
 
 
 # ---------------------------------------------------------------------- state
@@ -387,6 +441,8 @@ class ZooKeeperBackend:
             Capability.FENCING,
             Capability.SESSION_LEASE,
             Capability.SERVER_WAKEUP,
+            Capability.INSPECT,
+            Capability.BREAK,
         }
     )
     options: ClassVar[Mapping[str, type]] = {
@@ -420,7 +476,7 @@ class ZooKeeperBackend:
         self._request_timeout = request_timeout
         self._grace_option = _seconds(options, "suspended_grace", None)
         self._grace = session_timeout * _GRACE_FRACTION
-        self._node_data = f"aiodlock {socket.gethostname()} pid={os.getpid()}".encode()
+        self._node_data = f"{socket.gethostname()} pid={os.getpid()}"
 
         self._state = "new"
         self._transport: ZKTransport | None = None
@@ -573,6 +629,63 @@ class ZooKeeperBackend:
             "losses": self._losses,
             "adopted": self._adopted,
         }
+
+    # ------------------------------------------------------------------ operators
+
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every held lock of ``namespace`` whose name matches ``pattern``, sorted by name.
+
+        Lists the namespace's directories, and each family's contenders: the holders are the
+        nodes the recipe grants (see :func:`_holders`), the rest wait. A holder's owner is in
+        its node's data (``owner=...``); its token is its node's czxid, and the lock's
+        fencing token the newest holder's. ``expires_in`` is ``None``: the lease lives as long
+        as the holder's session.
+        """
+        transport = self._require_open()
+        base = namespace_path(self._root, namespace)
+        found: list[LockInfo] = []
+        encoded = {decode_segment(e): e for e in await self._children(transport, base)}
+        for name in sorted(n for n in encoded if fnmatch.fnmatchcase(n, pattern)):
+            for family in ("mutex", "rw", "semaphore"):
+                directory = f"{base}/{encoded[name]}/{family}"
+                contenders = _contenders(await self._children(transport, directory))
+                holders: list[HolderInfo] = []
+                tokens: list[int] = []
+                kind = _KIND_OF_FAMILY[family]
+                for tag, node in _holders(contenders):
+                    try:
+                        data, stat = await transport.get(
+                            f"{directory}/{node}", timeout=self._request_timeout
+                        )
+                    except NoNodeError:
+                        continue  # released meanwhile
+                    holders.append(HolderInfo(_node_owner(data, stat.ephemeral_owner), None))
+                    tokens.append(stat.czxid)
+                    if family == "rw":
+                        kind = Kind.WRITE if tag == "writ" else Kind.READ
+                if holders:
+                    waiters = len(contenders) - len(holders)
+                    found.append(LockInfo(name, kind, tuple(holders), max(tokens), waiters))
+        return found
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """Delete the holders' nodes of ``spec``'s family (waiters keep their place). Each
+        holder's watch on its node reports the deletion, so its lease is lost at once; the
+        next grant is a node created later, so its token (czxid) is larger."""
+        transport = self._require_open()
+        directory = self._directory(spec)
+        dropped = 0
+        for _, node in _holders(_contenders(await self._children(transport, directory))):
+            try:
+                await transport.delete(f"{directory}/{node}", timeout=self._request_timeout)
+            except NoNodeError:
+                continue  # released meanwhile
+            dropped += 1
+        return dropped
+
+    def _data_of(self, entry: _Entry) -> bytes:
+        """A contender node's data: who made it, for operators (``inspect`` reads the owner)."""
+        return f"aiodlock owner={entry.owner} {self._node_data}".encode()
 
     def _directory(self, spec: LockSpec) -> str:
         return lock_directory(self._root, spec.namespace, spec.name, spec.kind)
@@ -810,7 +923,7 @@ class ZooKeeperBackend:
                 try:
                     created, stat = await transport.create(
                         base,
-                        self._node_data,
+                        self._data_of(entry),
                         ephemeral=True,
                         sequential=True,
                         timeout=self._request_timeout,
@@ -873,7 +986,7 @@ class ZooKeeperBackend:
     async def _poke(self, entry: _Entry, transport: ZKTransport) -> None:
         """Touch our node so the waiter watching it re-checks (semaphore handover)."""
         try:
-            await transport.set(entry.path, self._node_data, timeout=self._request_timeout)
+            await transport.set(entry.path, self._data_of(entry), timeout=self._request_timeout)
         except NoNodeError:
             pass  # gone already: its deletion woke the successor
         except BackendError as exc:
@@ -1221,13 +1334,13 @@ class ZooKeeperBackend:
         reply may come late without anything being wrong: it queues behind every request
         sent before it, and under load (a cancellation storm) that took more than a second.
         So lateness proves nothing, and the connection is given up only when it has heard
-        nothing at all — no reply to any request, no event — for the negotiated session
-        timeout, the time after which the server gives up on a silent session too. (Held
-        leases do not wait for that: the grace watch declares them lost after
-        ``suspended_grace``.)
+        nothing at all — no reply to any request, no event — for two thirds of the
+        negotiated session timeout (ZooKeeper's own client does the same): early enough to
+        reach another server of the ensemble while the session still lives there, so that
+        our waiters keep their places. (Held leases do not wait for that: the grace watch
+        declares them lost after ``suspended_grace``.)
         """
         transport = self._require_open()
-        loop = asyncio.get_running_loop()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._heartbeat):
@@ -1235,15 +1348,18 @@ class ZooKeeperBackend:
             self._kick.clear()
             if not transport.connected:
                 continue
-            limit = transport.negotiated_timeout
-            sent = loop.time()
+            limit = transport.negotiated_timeout * _SILENCE_FRACTION
+            # Wait for the reply until the connection has been silent for ``limit``, counted
+            # from the last thing it heard (not from this ping, which may go out up to a
+            # heartbeat later): the time left to reach another server is what keeps the session.
+            wait = max(limit - transport.silence(), _MIN_PING_TIMEOUT)
             try:
-                await transport.ping(timeout=limit)
+                await transport.ping(timeout=wait)
             except ConnectionLoss:
-                if transport.connected and transport.silence() >= loop.time() - sent:
+                if transport.connected and transport.silence() >= limit:
                     logger.info(
-                        "nothing heard from zookeeper in %.3g s (the session timeout): "
-                        "reconnecting",
+                        "nothing heard from zookeeper in %.3g s (2/3 of the session "
+                        "timeout): reconnecting",
                         limit,
                     )
                     transport.drop_connection()

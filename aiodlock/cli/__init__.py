@@ -10,10 +10,23 @@ Commands:
     The oversell demo: concurrent buyers with and without a lock, on ``memory://`` or on Redis
     (``--url redis://HOST:PORT/DB --processes N``). Exits 0 when the locked run is exact.
 
+``inspect``
+    Every lock held now in a namespace: name, kind, fencing token, waiters, holders and their
+    remaining lease (``--json`` for JSON). See :mod:`aiodlock.cli.inspect`.
+
+``break``
+    Force-release one lock, moving its fencing token on; asks first unless ``--yes``. See
+    :mod:`aiodlock.cli.breaking`.
+
+Errors go to stderr as one line, never a traceback; exit status 2 for bad usage (a bad URL),
+1 when the service fails.
+
 Example::
 
     python -m aiodlock demo
     python -m aiodlock demo --url redis://127.0.0.1:6379/0 --buyers 500 --processes 4
+    python -m aiodlock inspect redis://127.0.0.1:6379/0 --namespace shop 'order:*'
+    python -m aiodlock break redis://127.0.0.1:6379/0 order:42 --namespace shop --yes
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from typing import Final, Protocol
 
 import aiodlock
 
-from . import demo
+from . import breaking, demo, inspect
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -61,7 +74,7 @@ class Command(Protocol):
         ...
 
 
-COMMANDS: Final[tuple[Command, ...]] = (demo,)
+COMMANDS: Final[tuple[Command, ...]] = (demo, inspect, breaking)
 """The commands, in the order ``--help`` lists them: one module each."""
 
 
@@ -74,7 +87,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {aiodlock.__version__}")
     commands = parser.add_subparsers(
-        title="commands", dest="command", metavar="COMMAND", required=True
+        title="commands",
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=_IntermixedParser,
     )
     for command in COMMANDS:
         subparser = commands.add_parser(
@@ -90,6 +107,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     status: int = args.handler(args, args.command_parser)
     return status
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A command's parser: options and positionals in any order (``inspect URL -n NS PATTERN``).
+
+    Plain argparse stops filling positionals at the first option, so an optional positional
+    after an option would be "unrecognized"; ``parse_known_intermixed_args`` (which itself calls
+    ``parse_known_args``, hence the guard) takes them in any order.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 def _prog() -> str:

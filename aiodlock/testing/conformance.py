@@ -84,6 +84,7 @@ __all__ = [
     "test_acquired_reentrant_lease_is_reentered_by_async_with",
     "test_body_exception_in_the_loss_turn_is_not_a_cancellation",
     "test_body_exception_passes_through_unwrapped",
+    "test_break_lock_frees_it_moves_the_token_on_and_cancels_the_holder",
     "test_cancel_at_each_await_point_leaves_nothing",
     "test_cancellation_storm_makes_progress_and_leaves_nothing",
     "test_cancelled_fair_waiter_does_not_block_the_queue",
@@ -93,6 +94,8 @@ __all__ = [
     "test_exclusion_read_sleep_write",
     "test_fair_lock_hands_over_in_arrival_order",
     "test_fencing_tokens_strictly_increase",
+    "test_inspect_counts_a_waiter_where_the_backend_can_tell",
+    "test_inspect_shows_holder_and_token_then_nothing_after_release",
     "test_lock_families_are_independent",
     "test_lost_lease_is_forgotten_at_once",
     "test_max_hold_stops_renewing",
@@ -460,6 +463,89 @@ async def test_watchdog_cancels_body_when_lock_is_broken(
     assert loop.time() - broken_at < 0.6
 
 
+@requires(Capability.INSPECT)
+@pytest.mark.asyncio
+async def test_inspect_shows_holder_and_token_then_nothing_after_release(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
+) -> None:
+    """An operator's view (another client): the held lock, its holder and its newest token."""
+    lease = await make(locks, "shown", ttl=10).acquire()
+    try:
+        infos = await other.inspect("sh*n")
+        assert [(i.name, i.kind) for i in infos] == [("shown", make.kind)]
+        info = infos[0]
+        assert [h.owner for h in info.holders] == [lease.owner]
+        expires_in = info.holders[0].expires_in
+        assert expires_in is None or 0 < expires_in <= 10
+        assert info.fencing_token == lease.fencing_token
+        assert info.waiters is None or info.waiters == 0
+        assert await other.inspect("other*") == []
+    finally:
+        await lease.release()
+    await other.settle()
+    assert await other.inspect() == []
+
+
+@requires(Capability.INSPECT)
+@pytest.mark.asyncio
+async def test_inspect_counts_a_waiter_where_the_backend_can_tell(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
+) -> None:
+    """One waiter: ``waiters`` is 1 once it waits at the service, or ``None`` throughout if
+    the backend cannot tell (Redis pub/sub waiters are invisible to the server)."""
+    lease = await make(locks, "queued", ttl=10).acquire()
+    waiting = asyncio.create_task(make(other, "queued", ttl=10).acquire(timeout=30))
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                (info,) = await locks.inspect("queued")
+                if info.waiters != 0:
+                    break
+                await asyncio.sleep(0.01)  # the waiter reaches the service in its own time
+        assert info.waiters is None or info.waiters == 1
+        assert [h.owner for h in info.holders] == [lease.owner]
+    finally:
+        await lease.release()
+        await (await waiting).release()
+
+
+@requires(Capability.BREAK)
+@pytest.mark.asyncio
+async def test_break_lock_frees_it_moves_the_token_on_and_cancels_the_holder(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
+) -> None:
+    """An operator breaks a held lock: the holder's body is cancelled with LockLostError
+    within its renewal interval, and a waiter gets the lock with a larger token."""
+    loop = asyncio.get_running_loop()
+    entered = asyncio.Event()
+    body_cancelled = asyncio.Event()
+    held: list[aiodlock.Lease] = []
+
+    async def holder() -> None:
+        async with make(locks, "stuck", ttl=0.9) as lease:
+            held.append(lease)
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                body_cancelled.set()
+                raise
+
+    holding = asyncio.create_task(holder())
+    await entered.wait()
+    waiting = asyncio.create_task(make(other, "stuck", ttl=5).acquire(timeout=10))
+    assert await other.break_lock("stuck", kind=make.kind.value) == 1
+    broken_at = loop.time()
+    with pytest.raises(aiodlock.LockLostError):
+        await holding
+    assert body_cancelled.is_set()
+    assert loop.time() - broken_at < 0.9  # at its next renewal (ttl/3), not at expiry
+    successor = await waiting
+    assert successor.fencing_token > held[0].fencing_token
+    await successor.release()
+    assert await other.break_lock("stuck", kind=make.kind.value) == 0
+
+
 @pytest.mark.asyncio
 async def test_outside_cancellation_stays_cancelled_and_releases(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, make: LockKind
@@ -531,9 +617,11 @@ async def test_release_is_idempotent_and_lost_release_raises(
     await lease.release()
     assert not lease.held
 
-    lease = await make(locks, "gone", ttl=0.3).acquire()
+    # A lease long enough to still be there when the probe breaks it on a loaded machine
+    # (scanning every master of a cluster), short enough that renewals notice at once.
+    lease = await make(locks, "gone", ttl=1.0).acquire()
     await aiodlock_target.break_lock(locks, "gone")
-    await asyncio.wait_for(lease.lost.wait(), 2)
+    await asyncio.wait_for(lease.lost.wait(), 5)
     with pytest.raises(aiodlock.LockNotOwnedError):
         await lease.release()
 

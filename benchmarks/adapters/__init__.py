@@ -25,7 +25,7 @@ class Library:
 
     key: str
     label: str
-    backend: str  # "redis" | "zookeeper" | "mysql" | "postgres" | "none"
+    backend: str  # "redis" | "zookeeper" | "etcd" | "mysql" | "postgres" | "none"
     role: Role
     module: str
     cls: str
@@ -48,7 +48,7 @@ class Library:
         return adapter
 
 
-_WAITING = ("contended", "waiters", "handoff")
+_WAITING = ("contended", "contended_procs", "waiters", "handoff")
 _AIODLOCK = ("uncontended", "contended", "contended_procs", "waiters", "handoff")
 
 LIBRARIES: tuple[Library, ...] = (
@@ -76,6 +76,16 @@ LIBRARIES: tuple[Library, ...] = (
             ("pottery", "redis")),
     Library("aioredlock", "aioredlock (aioredis 1.x)", "redis", "incumbent", "aioredlock_lib",
             "AioredlockAdapter", True, ("uncontended", *_WAITING), ("aioredlock", "aioredis")),
+    # ------------------------------------------------------------------ Redis Cluster
+    Library("raw-redis-cluster", "raw floor: SET NX PX + EVALSHA (RedisCluster)",
+            "redis-cluster", "floor", "raw", "RawRedisCluster", True, ("uncontended",),
+            ("redis", "hiredis")),
+    Library("aiodlock-cluster-pubsub", "aiodlock redis+cluster:// (sharded pub/sub)",
+            "redis-cluster", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True,
+            ("uncontended", "contended"), ("aiodlock", "redis")),
+    Library("aiodlock-cluster-blpop", "aiodlock redis+cluster://?wakeup=blpop",
+            "redis-cluster", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True,
+            ("uncontended", "contended"), ("aiodlock", "redis"), {"query": "wakeup=blpop"}),
     # ------------------------------------------------------------------ ZooKeeper
     Library("raw-zookeeper", "raw floor: create + get_children + delete", "zookeeper", "floor",
             "raw", "RawZooKeeper", True, ("uncontended",), ("aiozk",)),
@@ -85,6 +95,14 @@ LIBRARIES: tuple[Library, ...] = (
             "KazooLockAdapter", False, ("uncontended", *_WAITING), ("kazoo",)),
     Library("aiozk", "aiozk recipes.Lock", "zookeeper", "incumbent", "aiozk_lib",
             "AiozkLockAdapter", True, ("uncontended", *_WAITING), ("aiozk",)),
+    # ------------------------------------------------------------------ etcd
+    Library("raw-etcd", "raw floor: txn (put if absent + list) + delete", "etcd", "floor",
+            "raw", "RawEtcd", True, ("uncontended",), ("aetcd", "grpcio")),
+    # (Not yet: the waiters and handoff scenarios, whose probes do not know etcd.)
+    Library("aiodlock-etcd", "aiodlock etcd://", "etcd", "aiodlock", "aiodlock_lib",
+            "AiodlockAdapter", True, ("uncontended", "contended"), ("aiodlock", "aetcd")),
+    Library("aetcd", "aetcd Lock", "etcd", "incumbent", "aetcd_lib", "AetcdLockAdapter", True,
+            ("uncontended", "contended"), ("aetcd",)),
     # ------------------------------------------------------------------ MySQL / MariaDB
     Library("raw-mysql", "raw floor: GET_LOCK + RELEASE_LOCK", "mysql", "floor", "raw",
             "RawMySQL", True, ("uncontended",), ("aiomysql",)),

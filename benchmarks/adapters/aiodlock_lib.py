@@ -34,6 +34,8 @@ class AiodlockAdapter(AsyncAdapter):
         params = [query] if query else []
         if endpoint.backend == "zookeeper":
             params.append(f"session_timeout={session_timeout:g}")
+        if endpoint.backend == "etcd":  # a lease of whole seconds
+            params.append(f"session_ttl={max(2, round(session_timeout))}")
         self.url = endpoint.url + ("?" + "&".join(params) if params else "")
         self._client: aiodlock.LockClient | None = None
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from .base import AsyncAdapter, Endpoint
 
-__all__ = ["RawMySQL", "RawPostgres", "RawRedis", "RawZooKeeper"]
+__all__ = ["RawEtcd", "RawMySQL", "RawPostgres", "RawRedis", "RawRedisCluster", "RawZooKeeper"]
 
 COMPARE_AND_DELETE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -71,6 +71,24 @@ class RawRedis(AsyncAdapter):
 
     def server_key(self, name: str) -> str | None:
         return name
+
+
+class RawRedisCluster(RawRedis):
+    """:class:`RawRedis` through redis-py's ``RedisCluster`` (routed to the key's master),
+    from the first seed of a ``redis+cluster://`` URL."""
+
+    backend = "redis-cluster"
+
+    async def open(self) -> None:
+        from redis.asyncio.cluster import RedisCluster
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        host, _, port = self.endpoint.url.split("://", 1)[1].split(",")[0].rpartition(":")
+        self._redis = RedisCluster(
+            host=host, port=int(port), protocol=2, retry=Retry(NoBackoff(), 0)
+        )
+        self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
 
 
 class RawZooKeeper(AsyncAdapter):
@@ -183,3 +201,62 @@ class RawPostgres(AsyncAdapter):
             yield name
         finally:
             await self._conn.fetchval("SELECT pg_advisory_unlock($1)", key)
+
+
+class RawEtcd(AsyncAdapter):
+    """etcd (aetcd's gRPC stubs, as aiodlock uses them): one lease granted at open, then per
+    cycle a transaction that puts the key on it if absent and lists the lock's keys, and a
+    delete."""
+
+    backend = "etcd"
+    root = b"/bench-raw/"
+
+    def __init__(self, endpoint: Endpoint, **_: object) -> None:
+        super().__init__(endpoint)
+        self._channel: Any = None
+        self._kv: Any = None
+        self._lease = 0
+
+    async def open(self) -> None:
+        import grpc
+        from aetcd import rpc
+
+        self._channel = grpc.aio.insecure_channel(self.endpoint.hosts)
+        self._kv = rpc.KVStub(self._channel)
+        reply = await rpc.LeaseStub(self._channel).LeaseGrant(rpc.LeaseGrantRequest(TTL=60))
+        self._lease = reply.ID
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(name)
+
+    @asynccontextmanager
+    async def _hold(self, name: str) -> AsyncIterator[object]:
+        from aetcd import rpc
+
+        directory = self.root + name.encode() + b"/"
+        key = directory + secrets.token_hex(8).encode()
+        listing = rpc.RequestOp(
+            request_range=rpc.RangeRequest(
+                key=directory, range_end=directory[:-1] + b"0", sort_order=1, sort_target=2
+            )
+        )
+        reply = await self._kv.Txn(
+            rpc.TxnRequest(
+                compare=[rpc.Compare(result=0, target=2, key=key, create_revision=0)],
+                success=[
+                    rpc.RequestOp(request_put=rpc.PutRequest(key=key, lease=self._lease)),
+                    listing,
+                ],
+                failure=[listing],
+            )
+        )
+        try:
+            if reply.responses[-1].response_range.kvs[0].key != key:
+                raise NotFreeError(name)
+            yield key
+        finally:
+            await self._kv.DeleteRange(rpc.DeleteRangeRequest(key=key))

@@ -31,28 +31,59 @@ class Tally:
     inside: int = 0
     violations: int = 0
     stalled: bool = False
+    holds: list[tuple[float, float]] = field(default_factory=list)
+    per_process: list[int] = field(default_factory=list)
 
     def result(self, section: float) -> dict[str, object]:
         throughput = self.grants / (self.end - self.start)
-        return {
+        out: dict[str, object] = {
             "grants": self.grants,
             "throughput": throughput,
             "efficiency": throughput * section,
             **{f"wait_{k}": v for k, v in summary_ms(self.waits).items()},
-            "violations": self.violations,
+            "violations": self.violations + _overlaps(self.holds),
             "stalled": self.stalled,
         }
+        if self.per_process:
+            out["grants_min"] = min(self.per_process)
+            out["grants_max"] = max(self.per_process)
+        return out
 
     def to_json(self) -> dict[str, object]:
-        return {"grants": self.grants, "waits": self.waits, "stalled": self.stalled}
+        return {
+            "grants": self.grants,
+            "waits": self.waits,
+            "stalled": self.stalled,
+            "holds": self.holds,
+            "violations": self.violations,
+        }
 
     def merge(self, other: dict[str, object]) -> None:
-        grants, waits = other["grants"], other["waits"]
+        """Add one process's tally; holds of different processes are checked for overlaps."""
+        grants, waits, holds = other["grants"], other["waits"], other["holds"]
         assert isinstance(grants, int)
         assert isinstance(waits, list)
+        assert isinstance(holds, list)
         self.grants += grants
+        self.per_process.append(grants)
         self.waits.extend(waits)
+        self.holds.extend((float(a), float(b)) for a, b in holds)
+        self.violations += int(other["violations"])  # type: ignore[call-overload]
         self.stalled = self.stalled or bool(other["stalled"])
+
+
+def _overlaps(holds: list[tuple[float, float]]) -> int:
+    """How many holds began before an earlier one ended (one shared monotonic clock).
+
+    Each hold is recorded inside the lock (after the grant, before the release), so an
+    overlap here is two holders at once, not a measurement artefact.
+    """
+    count, latest_end = 0, float("-inf")
+    for begin, end in sorted(holds):
+        if begin < latest_end:
+            count += 1
+        latest_end = max(latest_end, end)
+    return count
 
 
 async def run_async(
@@ -65,8 +96,12 @@ async def run_async(
     ttl: float,
     start: float | None = None,
     grace: float = 10.0,
+    record_holds: bool = False,
 ) -> Tally:
-    """``workers`` tasks from ``start`` (default: now) for ``duration`` seconds."""
+    """``workers`` tasks from ``start`` (default: now) for ``duration`` seconds.
+
+    ``record_holds`` keeps every hold's (grant, end) time, for a cross-process overlap check.
+    """
     clock = time.perf_counter
     begin = clock() if start is None else start
     tally = Tally(begin, begin + duration)
@@ -83,6 +118,8 @@ async def run_async(
                     tally.grants += 1
                 await asyncio.sleep(section)
                 tally.inside -= 1
+                if record_holds:
+                    tally.holds.append((granted, clock()))
 
     if begin > clock():
         await asyncio.sleep(begin - clock())
@@ -106,11 +143,14 @@ def run_threads(
     duration: float,
     section: float,
     ttl: float,
+    start: float | None = None,
     grace: float = 10.0,
+    record_holds: bool = False,
 ) -> Tally:
-    """``workers`` threads for ``duration`` seconds (daemon threads: a stall cannot hang us)."""
+    """``workers`` threads from ``start`` (default: now) for ``duration`` seconds (daemon
+    threads: a stall cannot hang us); ``record_holds`` as in :func:`run_async`."""
     clock = time.perf_counter
-    begin = clock()
+    begin = clock() if start is None else start
     tally = Tally(begin, begin + duration)
     guard = threading.Lock()
     errors: list[BaseException] = []
@@ -130,9 +170,13 @@ def run_threads(
                     time.sleep(section)
                     with guard:
                         tally.inside -= 1
+                        if record_holds:
+                            tally.holds.append((granted, clock()))
         except BaseException as exc:
             errors.append(exc)
 
+    if begin > clock():
+        time.sleep(begin - clock())
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for thread in threads:
         thread.start()

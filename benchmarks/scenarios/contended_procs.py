@@ -1,8 +1,9 @@
-"""Scenario 2b: the contended scenario with K processes, one worker each (aiodlock only).
+"""Scenario 2b: the contended scenario with K processes, one worker each.
 
 This process starts K members (``python -m benchmarks.worker member``), waits until each has
 its client open, then gives them all the same start and end on the shared monotonic clock and
-merges their tallies.
+merges their tallies: grants per process (min and max: a starved process shows), and every
+hold's start and end, so that two holders in different processes at once count as an overlap.
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import math
+import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from types import TracebackType
@@ -54,13 +56,15 @@ from redis.exceptions import RedisError
 
 from ..._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from ..._validate import check_seconds
-from .._protocol import Busy, Capability, Grant, Kind, LockSpec
+from .._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec
 from . import _scripts as lua
 from ._blpop import BlockingSignals, BlpopWaiter
-from ._keys import Keys, keys_for
+from ._cluster import ClusterSource
+from ._keys import Keys, keys_for, namespace_match, split_key
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
 from ._sentinel import SentinelSource
+from ._sharded import ShardedHub, ShardedWaiter
 from ._slots import wait_outcome
 from ._source import disconnect_quietly
 
@@ -145,6 +149,8 @@ class RedisBackend:
             Capability.FENCING,
             Capability.TTL_LEASE,
             Capability.SERVER_WAKEUP,
+            Capability.INSPECT,
+            Capability.BREAK,
         }
     )
     # The wakeup mode is ours; everything about reaching the server is the source's.
@@ -168,21 +174,28 @@ class RedisBackend:
             )
         self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
         self._wait_replicas = _check_replicas(options.get("wait_replicas", 0))
+        self._cluster = url.scheme == "redis+cluster"
+        if self._cluster and self._wait_replicas:
+            raise ValueError(f"option wait_replicas is not supported on {url.scheme}://")
         source: ConnectionSource = (
             SentinelSource(url, options)
             if url.scheme == "redis+sentinel"
+            else ClusterSource(url, options)
+            if self._cluster
             else NodeSource(url, options)
         )
         self._source = source
         self._where = source.describe()
         self._wakeup = wakeup
-        self._mode = "l" if wakeup == "blpop" else "p"
+        # How releases notify (see _scripts): a cluster publishes to the channel's shard only.
+        self._mode = "l" if wakeup == "blpop" else "s" if self._cluster else "p"
         self._errors = {
-            action: source.errors(action) for action in ("acquire", "release", "renew", "note")
+            action: source.errors(action)
+            for action in ("acquire", "release", "renew", "note", "inspect", "break")
         }
         self._tg: asyncio.TaskGroup | None = None
         self._cleanups: set[asyncio.Task[None]] = set()
-        self._hub: PubSubHub | None = None
+        self._hub: PubSubHub | ShardedHub | None = None
         self._signals: BlockingSignals | None = None
         replicated = None
         if self._wait_replicas:
@@ -194,6 +207,8 @@ class RedisBackend:
         self._entries = _Entries()
         self._opened = False
         self._closed = False
+        # Names this client in the mutex scripts' courtesy after a release (T:yield).
+        self._client_id = secrets.token_hex(8)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -210,7 +225,10 @@ class RedisBackend:
         self._tg = tg = asyncio.TaskGroup()
         await tg.__aenter__()
         if self._wakeup == "pubsub":
-            self._hub = PubSubHub(self._source)
+            source = self._source
+            self._hub = (
+                ShardedHub(source) if isinstance(source, ClusterSource) else PubSubHub(source)
+            )
             self._hub.start(tg.create_task)
         else:
             commands = _SignalScripts(self._source)
@@ -313,7 +331,9 @@ class RedisBackend:
                         return await self._fair_attempt(keys, owner, ms, first=False)
                 else:
                     mutex_keys = keys.mutex_acquire if signals is None else keys.mutex_acquire_l
-                    reply = await call(attempt, lua.MUTEX_ACQUIRE, mutex_keys, owner, ms, fence)
+                    reply = await call(
+                        attempt, lua.MUTEX_ACQUIRE, mutex_keys, owner, ms, self._client_id, fence
+                    )
             elif kind is Kind.READ:
                 chain = "0"
                 read_keys: tuple[bytes, ...] = keys.read_acquire
@@ -424,7 +444,16 @@ class RedisBackend:
                         attempts.stay(owner)  # the outcome is unknown: a retry must be sent
                         raise
                 else:
-                    done = await call(lua.run, lua.MUTEX_RELEASE, keys.mutex_release, owner, mode)
+                    done = await call(
+                        lua.run,
+                        lua.MUTEX_RELEASE,
+                        keys.mutex_release,
+                        owner,
+                        mode,
+                        self._client_id,
+                        self._own_waiters(keys),
+                        lua.COURTESY_MS,
+                    )
             elif kind is Kind.READ:
                 done = await call(lua.run, lua.READ_RELEASE, keys.read_release, owner, mode)
             elif kind is Kind.WRITE:
@@ -434,6 +463,16 @@ class RedisBackend:
                     lua.run, lua.SEM_RELEASE, keys.sem_release, owner, mode, spec.limit
                 )
         return bool(done == 1)
+
+    def _own_waiters(self, keys: Keys) -> int:
+        """How many of the clients a mutex release wakes are this client: its pub/sub
+        subscription to the lock's channel (one for all its waiters), or its waiters in the
+        BLPOP registry. Only the others make the release leave a courtesy (MUTEX_RELEASE)."""
+        if self._hub is not None:
+            return 1 if self._hub.subscribed(keys.signal) else 0
+        if self._signals is not None:
+            return self._signals.registered[keys.mutex_waiters]
+        return 0
 
     async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
         """Compare-and-extend to ``ttl`` from now; ``False`` (nothing recreated) if not held."""
@@ -470,6 +509,47 @@ class RedisBackend:
             return note
         return bytes(note).decode("utf-8", "surrogatepass")
 
+    # ---------------------------------------------------------------- operators
+
+    async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
+        """Every held lock of ``namespace`` whose name matches ``pattern``, sorted by name.
+
+        Walks the namespace's keys with ``SCAN`` (every primary, through the source), then
+        reads each name's families in one read-only script (:data:`~._scripts.INSPECT`).
+        Holders carry their remaining lease; waiters are counted where the service can tell
+        (a fair queue, BLPOP waiter registries), else ``None``.
+        """
+        names: set[str] = set()
+        async for key in self._source.scan_iter(namespace_match(namespace)):
+            split = split_key(namespace, key)
+            if split is not None and split[1] in _HELD_SUFFIXES:
+                names.add(split[0])
+        found: list[LockInfo] = []
+        for name in sorted(n for n in names if fnmatch.fnmatchcase(n, pattern)):
+            keys = keys_for(namespace, name)
+            with self._errors["inspect"]:
+                reply = await self._source.call(lua.run, lua.INSPECT, keys.inspect)
+            found.extend(_lock_infos(name, reply))
+        return found
+
+    async def break_lock(self, spec: LockSpec) -> int:
+        """Force-release: delete every holder of ``spec``'s family and move its fencing
+        counter on, in one script (:data:`~._scripts.BREAK`); waiters are woken as by a
+        release. The holders' next renewal is refused, so their watchdogs report the loss."""
+        keys = keys_for(spec.namespace, spec.name)
+        family_keys: tuple[bytes, ...]
+        if spec.kind is Kind.MUTEX:
+            family, family_keys = "m", keys.break_mutex
+        elif spec.kind is Kind.SEMAPHORE:
+            family, family_keys = "s", keys.break_sem
+        else:
+            family, family_keys = "rw", keys.break_rw
+        with self._errors["break"]:
+            dropped, _ = await self._source.call_first(
+                lua.run, lua.BREAK, family_keys, family, self._mode, self._fence_ms
+            )
+        return int(dropped)
+
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
         """``None``: a Redis lease ends by expiry or deletion, which only ``renew`` can see."""
         return None
@@ -478,7 +558,9 @@ class RedisBackend:
         """None: a Redis lease is a TTL lease, bounded by its renewals."""
         return None
 
-    def waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter | _FairWaiter:
+    def waiter(
+        self, spec: LockSpec, owner: str
+    ) -> PubSubWaiter | ShardedWaiter | BlpopWaiter | _FairWaiter:
         """Arm a wakeup for one waiting acquisition (see :mod:`._pubsub`, :mod:`._blpop`).
 
         A fair waiter that ends with an exception (cancelled, timed out) also leaves the queue
@@ -511,7 +593,7 @@ class RedisBackend:
         )
         attempts.leaving(owner, leaving)
 
-    def _waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | BlpopWaiter:
+    def _waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | ShardedWaiter | BlpopWaiter:
         _ = self._source.client  # BackendError unless open
         keys = keys_for(spec.namespace, spec.name)
         kind = spec.kind
@@ -544,6 +626,46 @@ class RedisBackend:
                 keys.rsignal, owner, registry=keys.rw_waiters, lists=rw_lists, reader=True
             )
         return signals.waiter(keys.rw_signal, owner, registry=keys.rw_waiters, lists=rw_lists)
+
+
+_HELD_SUFFIXES: Final = frozenset({b"", b":writer", b":readers", b":sem"})
+"""Key suffixes of a name whose locks may be held (see :mod:`._keys`)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else str(value)
+
+
+def _members(flat: list[Any], now: int) -> tuple[HolderInfo, ...]:
+    """ZSET ``member, expiry ms, ...`` pairs as holders with their remaining lease."""
+    return tuple(
+        HolderInfo(_text(flat[i]), max(float(flat[i + 1]) - now, 0.0) / 1000)
+        for i in range(0, len(flat), 2)
+    )
+
+
+def _lock_infos(name: str, reply: list[Any]) -> list[LockInfo]:
+    """The families of ``name`` held now, from an :data:`~._scripts.INSPECT` reply."""
+    now, fence, owner, pttl, mutex_waiting, writer, writer_pttl, readers, rw_waiting = reply[:9]
+    permits, sem_waiting = reply[9], reply[10]
+    token = None if fence is None else int(fence)
+    found = []
+
+    def waiting(count: int) -> int | None:
+        return int(count) or None  # pub/sub waiters are invisible to the server: unknown
+
+    if owner is not None:
+        holder = HolderInfo(_text(owner), max(int(pttl), 0) / 1000)
+        found.append(LockInfo(name, Kind.MUTEX, (holder,), token, waiting(mutex_waiting)))
+    if writer is not None:
+        holder = HolderInfo(_text(writer), max(int(writer_pttl), 0) / 1000)
+        found.append(LockInfo(name, Kind.WRITE, (holder,), token, waiting(rw_waiting)))
+    elif readers:
+        found.append(LockInfo(name, Kind.READ, _members(readers, now), token, waiting(rw_waiting)))
+    if permits:
+        holders = _members(permits, now)
+        found.append(LockInfo(name, Kind.SEMAPHORE, holders, token, waiting(sem_waiting)))
+    return found
 
 
 class _Attempts:
@@ -662,7 +784,7 @@ class _FairWaiter:
 
     def __init__(
         self,
-        inner: PubSubWaiter | BlpopWaiter,
+        inner: PubSubWaiter | ShardedWaiter | BlpopWaiter,
         joined: Callable[[], None],
         leave: Callable[[], None],
     ) -> None:
@@ -775,19 +897,40 @@ class _SignalScripts:
     """The commands BLPOP waiters need (:class:`~._blpop.SignalCommands`), run like every
     lock step: on a command connection of the source, bounded, errors translated."""
 
-    __slots__ = ("_errors", "_source")
+    __slots__ = ("_arming", "_errors", "_source")
 
     def __init__(self, source: ConnectionSource) -> None:
         self._source = source
         self._errors = source.errors("wakeup")
+        # (registry, owner) -> resolved once its WAIT_ARM in flight has landed.
+        self._arming: dict[tuple[bytes, str], asyncio.Future[None]] = {}
 
     async def arm_waiter(self, registry: bytes, owner: str) -> None:
-        """Register ``owner`` in ``registry`` (``WAIT_ARM``); raise ``BackendError``."""
+        """Register ``owner`` in ``registry`` (``WAIT_ARM``); raise ``BackendError``.
+
+        Run in a task of the source, so that once sent it lands even if the caller gives
+        up, and a deregistration of the same owner waits for it rather than overtaking it
+        on another connection (which would leave the registry behind).
+        """
         with self._errors:
-            await self._source.call(lua.run, lua.WAIT_ARM, (registry,), owner, lua.WAITERS_TTL_MS)
+            await wait_outcome(self._source.submit(self._arm, registry, owner))
+
+    async def _arm(self, client: aioredis.Redis, registry: bytes, owner: str) -> None:
+        key = (registry, owner)
+        landed = self._arming[key] = asyncio.get_running_loop().create_future()
+        try:
+            await lua.run(client, lua.WAIT_ARM, (registry,), owner, lua.WAITERS_TTL_MS)
+        finally:
+            if self._arming.get(key) is landed:
+                del self._arming[key]
+            landed.set_result(None)
 
     async def leave_waiter(self, registry: bytes, lists: tuple[bytes, ...], owner: str) -> None:
-        """Deregister ``owner`` (``WAIT_LEAVE``); best effort, never raises."""
+        """Deregister ``owner`` (``WAIT_LEAVE``), once its registration has landed; best
+        effort, never raises."""
+        landed = self._arming.get((registry, owner))
+        if landed is not None:
+            await asyncio.wait((landed,))
         # Best effort: the registry's TTL bounds what a failed deregistration leaves.
         with contextlib.suppress(BackendError, RedisError, OSError):
             await self._source.call(lua.run, lua.WAIT_LEAVE, (registry, *lists), owner)

@@ -10,7 +10,9 @@ deletes the registry and any unused token. There is no broadcast: readers wake i
 chain (each reader let in after a wakeup passes one token on, see ``READ_ACQUIRE``), and
 each fair waiter blocks on its own list.
 
-The connections come from the backend's :class:`~._source.ConnectionSource`; the scripts that
+The connections come from the backend's :class:`~._source.ConnectionSource`, each to the
+server that holds its list (on Redis Cluster, the master of the list's slot; idle ones are
+kept per server); the scripts that
 arm, leave and hand back are run by the backend behind :class:`SignalCommands`. The rules
 both wakeup mechanisms follow are in :mod:`._wait`.
 """
@@ -18,7 +20,9 @@ both wakeup mechanisms follow are in :mod:`._wait`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -72,7 +76,11 @@ class BlockingSignals:
     task of the backend's TaskGroup and ``wait()`` keeps its own, exact timer: when the timer
     fires first, the BLPOP stays in flight for the next ``wait()``, and a token it pops later
     is banked, or handed back if the waiter has left. Long waits are cut into slices of
-    ``WAIT_SLICE_MS`` so every live waiter re-registers (refreshing the registry's TTL).
+    ``WAIT_SLICE_MS`` so every live waiter refreshes its registration (and the registry's
+    TTL). A refresh never re-creates a registration (``ZADD XX``): one that arrives after the
+    waiter's deregistration, on another connection, must not bring it back. So a registry that
+    expired under a live waiter (a stall of ``WAITERS_TTL_MS``) stays gone until the next waiter
+    arms: meanwhile releases push no token and waiters re-check on their own timers.
     """
 
     def __init__(
@@ -93,13 +101,16 @@ class BlockingSignals:
         self._clean_up = clean_up  # a background task the backend's settle() waits for
         self._where = source.describe()
         self._keep_idle = keep_idle
-        self._idle: list[AbstractConnection] = []
+        # Idle connections by route (the server they reach: see ConnectionSource.route).
+        self._idle: dict[str, list[AbstractConnection]] = {}
         self._reads: set[asyncio.Task[None]] = set()
         self.in_use = 0
         self.waiters = 0
         self.closed = False
         self.woken_readers: set[str] = set()
         """Owners of readers that took a token: their next attempt passes one on."""
+        self.registered: Counter[bytes] = Counter()
+        """Our waiters registered now, per registry (a release tells them from others')."""
 
     def waiter(
         self,
@@ -124,41 +135,45 @@ class BlockingSignals:
         self.closed = True
         for task in self._reads:
             task.cancel()
-        idle, self._idle = self._idle, []
-        return idle
+        idle, self._idle = self._idle, {}
+        return [conn for conns in idle.values() for conn in conns]
 
     def statistics(self) -> dict[str, int]:
         return {
             "pubsub_connections": 0,
             "subscribed_channels": 0,
             "waiters": self.waiters,
-            "blocking_connections": self.in_use + len(self._idle),
+            "blocking_connections": self.in_use + sum(map(len, self._idle.values())),
         }
 
-    async def _acquire(self) -> AbstractConnection:
-        while self._idle:
-            conn = self._idle.pop()
+    async def _acquire(self, key: bytes) -> tuple[str, AbstractConnection]:
+        """A connection to the server that holds ``key``, and its route."""
+        route = self._source.route(key)
+        idle = self._idle.get(route) or []
+        while idle:
+            conn = idle.pop()
             if conn.is_connected:
                 self.in_use += 1
-                return conn
-        conn = self._source.new_connection("blpop")
+                return route, conn
+        conn = self._source.new_connection("blpop", route)
         self.in_use += 1
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await conn.connect()  # type: ignore[no-untyped-call]
         except BaseException as exc:
-            self._release(conn, healthy=False)
+            self._release(route, conn, healthy=False)
             if isinstance(exc, RedisError | OSError):
                 raise BackendError(
                     f"cannot open a BLPOP connection to {self._where}: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
-        return conn
+        return route, conn
 
-    def _release(self, conn: AbstractConnection, *, healthy: bool) -> None:
+    def _release(self, route: str, conn: AbstractConnection, *, healthy: bool) -> None:
         self.in_use -= 1
-        if healthy and not self.closed and len(self._idle) < self._keep_idle:
-            self._idle.append(conn)
+        idle = self._idle.setdefault(route, [])
+        if healthy and not self.closed and len(idle) < self._keep_idle:
+            idle.append(conn)
         else:
             self._spawn(disconnect_quietly(conn))
 
@@ -176,6 +191,7 @@ class BlpopWaiter:
         "_entered",
         "_flag",
         "_fut",
+        "_healthy",
         "_key",
         "_lists",
         "_owes",
@@ -210,6 +226,7 @@ class BlpopWaiter:
         self._fut: asyncio.Future[None] | None = None
         self._deadline = 0.0  # loop time the current wait() ends (inf: no limit)
         self._read: asyncio.Task[None] | None = None
+        self._healthy = False  # the last BLPOP task left its connection fit for reuse
         self._read_until = 0.0  # loop time the BLPOP in flight times out on the server
 
     async def __aenter__(self) -> BlpopWaiter:
@@ -225,6 +242,8 @@ class BlpopWaiter:
                 raise
         self._entered = True
         sigs.waiters += 1
+        if self._registry is not None:
+            sigs.registered[self._registry] += 1
         return self
 
     async def __aexit__(
@@ -238,6 +257,10 @@ class BlpopWaiter:
         self._entered = False
         sigs = self._sigs
         sigs.waiters -= 1
+        if self._registry is not None:
+            sigs.registered[self._registry] -= 1
+            if not sigs.registered[self._registry]:
+                del sigs.registered[self._registry]
         if self._reader:
             sigs.woken_readers.discard(self._owner)
         # A token we took and will not use (banked, or cancelled before the re-check): the
@@ -254,7 +277,7 @@ class BlpopWaiter:
             # else: let it run out; a token it pops now is handed back (see _on_token).
         if give_back:
             sigs._give_back(self._key, self._registry, self._cap)
-        leave = self._spawn_leave()
+        leave = self._spawn_leave(after=read)
         if leave is not None and exc_type is not None:
             # Leaving without the lock: wait for the deregistration (shielded, so a second
             # cancellation cannot skip it) so that nothing of ours is left once we are out.
@@ -262,12 +285,18 @@ class BlpopWaiter:
             # _LEAVE_ON_GRANT), and an await after a grant could turn into a lost lease.
             await asyncio.shield(leave)
 
-    def _spawn_leave(self) -> asyncio.Task[None] | None:
+    def _spawn_leave(self, after: asyncio.Task[None] | None = None) -> asyncio.Task[None] | None:
         if self._registry is None:
             return None
-        return self._sigs._clean_up(
-            self._sigs._commands.leave_waiter(self._registry, self._lists, self._owner)
-        )
+        return self._sigs._clean_up(self._leave(after))
+
+    async def _leave(self, after: asyncio.Task[None] | None) -> None:
+        # The BLPOP task pipelines a refresh (ZADD XX, PEXPIRE) before each BLPOP on its own
+        # connection. XX makes a refresh that Redis runs after this deregistration harmless;
+        # waiting for the task still keeps the common case in order, and its token accounted.
+        if after is not None:
+            await asyncio.wait((after,))
+        await self._sigs._commands.leave_waiter(self._registry or b"", self._lists, self._owner)
 
     async def wait(self, timeout: float | None) -> None:
         """Return when a token was taken (or one is banked), or after ``timeout`` seconds."""
@@ -282,12 +311,16 @@ class BlpopWaiter:
         now = loop.time()
         self._deadline = math.inf if timeout is None else now + timeout
         if self._read is None:
-            conn = await sigs._acquire()
-            self._read = sigs._spawn(self._blpop(conn))
-            if self._read is None:
-                sigs._release(conn, healthy=True)
+            route, conn = await sigs._acquire(self._key)
+            read = sigs._spawn(self._blpop(conn))
+            if read is None:
+                sigs._release(route, conn, healthy=True)
                 return
-            sigs._reads.add(self._read)
+            # Cleaned up by a callback, not in the task: a task cancelled before its first
+            # step never runs its finally clause, and would keep the connection.
+            read.add_done_callback(functools.partial(self._read_ended, route, conn))
+            self._read = read
+            sigs._reads.add(read)
         fut: asyncio.Future[None] = loop.create_future()
         self._fut = fut
         try:
@@ -304,10 +337,11 @@ class BlpopWaiter:
         return f"{seconds:.3f}"
 
     async def _blpop(self, conn: AbstractConnection) -> None:
-        """Owned task: BLPOP until a token arrives or nobody is waiting any more."""
+        """Owned task: BLPOP until a token arrives or nobody is waiting any more; sets
+        ``_healthy`` when it ends with the connection fit for reuse."""
         sigs = self._sigs
         loop = asyncio.get_running_loop()
-        healthy = False
+        self._healthy = False
         try:
             while True:
                 block = self._block_arg(loop.time())
@@ -316,10 +350,14 @@ class BlpopWaiter:
                     await conn.send_command(*blpop, check_health=False)
                     replies = 1
                 else:
-                    # Re-register on every BLPOP, pipelined: keeps the registry alive.
+                    # Refresh our registration on every BLPOP, pipelined: keeps the registry
+                    # alive. XX: only while we are still in it. Cancelled with these commands
+                    # unread, we are deregistered on another connection, and Redis may run
+                    # that WAIT_LEAVE first; a plain ZADD arriving after it would re-create
+                    # the registry with nobody left to remove it.
                     reg = self._registry
                     commands = (
-                        ("ZADD", reg, 0, self._owner),
+                        ("ZADD", reg, "XX", 0, self._owner),
                         ("PEXPIRE", reg, WAITERS_TTL_MS),
                         blpop,
                     )
@@ -334,19 +372,22 @@ class BlpopWaiter:
                 # Timed out on the server. Block again only if a wait() is still running.
                 if not (self._entered and self._fut is not None and self._deadline > loop.time()):
                     break
-            healthy = True
+            self._healthy = True
         except (RedisError, OSError):
             # Connection lost or our read limit passed: wake the waiter to re-check (which
             # reports a real outage), and hand back the token the lost reply may have held.
             sigs._give_back(self._key, self._registry, self._cap)
             self._wake()
-        finally:
-            # Also on cancellation (the waiter left, or the backend is closing).
+
+    def _read_ended(self, route: str, conn: AbstractConnection, read: asyncio.Task[None]) -> None:
+        # Also on cancellation (the waiter left, or the backend is closing).
+        sigs = self._sigs
+        if self._read is read:
             self._read = None
-            sigs._reads.discard(asyncio.current_task())
-            sigs._release(conn, healthy=healthy)
-            if sigs.closed:
-                self._wake()  # let the caller re-check and meet the closed backend
+        sigs._reads.discard(read)
+        sigs._release(route, conn, healthy=self._healthy and not read.cancelled())
+        if sigs.closed:
+            self._wake()  # let the caller re-check and meet the closed backend
 
     def _on_token(self) -> None:
         if not self._entered:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import TracebackType
 
 import redis.asyncio.connection
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..._exceptions import BackendError, LockError
 
@@ -52,7 +52,8 @@ class ErrorMap:
     ) -> None:
         if exc is None or isinstance(exc, LockError):
             return
-        if isinstance(exc, RedisError | OSError):  # OSError includes TimeoutError
+        # OSError includes TimeoutError; RedisClusterException: a slot no master serves.
+        if isinstance(exc, RedisError | RedisClusterException | OSError):
             detail = str(exc)
             if not detail and isinstance(exc, TimeoutError):
                 detail = f"no reply within {self._limit} s"

@@ -8,6 +8,7 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
     T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
     T:note           STRING  mutex: "OWNER\nNOTE", a holder's note (leader)  (PX = ttl given)
+    T:yield          STRING  mutex: client that released it to waiting others (PX 30 ms)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
     T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
     T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["Keys", "keys_for"]
+__all__ = ["Keys", "keys_for", "namespace_match", "split_key"]
 
 
 class Keys:
@@ -55,8 +56,12 @@ class Keys:
     """
 
     __slots__ = (
+        "break_mutex",
+        "break_rw",
+        "break_sem",
         "fair_acquire",
         "fair_release",
+        "inspect",
         "mutex",
         "mutex_acquire",
         "mutex_acquire_l",
@@ -83,6 +88,7 @@ class Keys:
         "write_acquire_l",
         "write_release",
         "writer",
+        "yield_",
     )
 
     def __init__(self, namespace: str, name: str) -> None:
@@ -101,8 +107,9 @@ class Keys:
         self.sem_signal = tag + b":sem:signal"
         self.sem_waiters = tag + b":sem:waiters"
         self.sem_limit = tag + b":sem:limit"
-        self.mutex_acquire = (tag, fence)
-        self.mutex_release = (tag, self.signal, self.mutex_waiters)
+        self.yield_ = tag + b":yield"
+        self.mutex_acquire = (tag, fence, self.yield_)
+        self.mutex_release = (tag, self.signal, self.mutex_waiters, self.yield_)
         self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
         self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal)
         self.read_acquire = (self.writer, fence, self.readers, self.rsignal, self.rw_waiters)
@@ -112,6 +119,28 @@ class Keys:
         self.sem_acquire = (self.sem, fence, self.sem_limit)
         self.sem_release = (self.sem, self.sem_signal, self.sem_waiters, self.sem_limit)
         self.sem_renew = (self.sem, self.sem_limit)
+        queue = tag + b":queue"
+        self.inspect = (
+            tag,
+            fence,
+            queue,
+            self.mutex_waiters,
+            self.writer,
+            self.readers,
+            self.rw_waiters,
+            self.sem,
+            self.sem_waiters,
+        )
+        self.break_mutex = (tag, fence, self.note, self.signal, self.mutex_waiters, queue)
+        self.break_rw = (
+            self.writer,
+            fence,
+            self.readers,
+            self.rw_signal,
+            self.rsignal,
+            self.rw_waiters,
+        )
+        self.break_sem = (self.sem, fence, self.sem_limit, self.sem_signal, self.sem_waiters)
         # BLPOP mode: acquire scripts also take the waiter registry and its lists, which a
         # granted waiter leaves in the same step (see _scripts._LEAVE_ON_GRANT).
         self.mutex_acquire_l = (*self.mutex_acquire, self.mutex_waiters, self.signal)
@@ -132,3 +161,19 @@ def keys_for(namespace: str, name: str) -> Keys:
     """The (cached) :class:`Keys` of ``name`` in ``namespace``."""
     # Bounded: an application locking millions of distinct names must not grow us forever.
     return Keys(namespace, name)
+
+
+def namespace_match(namespace: str) -> str:
+    """A SCAN ``MATCH`` pattern for every key of ``namespace`` (glob characters escaped)."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in namespace)
+    return f"{{{escaped}:*"
+
+
+def split_key(namespace: str, key: bytes) -> tuple[str, bytes] | None:
+    """``(name, suffix)`` of a key of ``namespace`` (suffix ``b""`` for the mutex, ``b":fence"``
+    ...); ``None`` for a key that is not one of ours. The last ``}`` closes the name."""
+    prefix = f"{{{namespace}:".encode("utf-8", "surrogatepass")
+    end = key.rfind(b"}")
+    if not key.startswith(prefix) or end < len(prefix):
+        return None
+    return key[len(prefix) : end].decode("utf-8", "surrogatepass"), key[end + 1 :]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, TypeVarTuple
 
 import redis.asyncio as aioredis
@@ -155,11 +155,7 @@ class NodeSource:
         """Connect and PING, then ``prepare(client)``, all within ``connect_timeout``."""
         if self._client is not None or self._closed:
             raise RuntimeError("a NodeSource is opened once")
-        if self._given_pool is not None:
-            # A client of our own on the application's pool: closing it leaves the pool open.
-            client = aioredis.Redis(connection_pool=self._given_pool)
-        else:
-            client = aioredis.Redis.from_pool(self._new_pool())  # closing it closes the pool
+        client = self._new_client()
         try:
             with self.errors("connect"):
                 async with asyncio.timeout(self.connect_timeout):
@@ -324,6 +320,17 @@ class NodeSource:
         finally:
             deadlines.end(task, error)
 
+    async def scan_iter(self, match: str) -> AsyncIterator[bytes]:
+        """Every key matching ``match``: ``SCAN`` page by page, each page a bounded command."""
+        cursor: int = 0
+        while True:
+            with self.errors("inspect"):
+                cursor, keys = await self.call(_scan_page, cursor, match)
+            for key in keys:
+                yield key if isinstance(key, bytes) else str(key).encode()
+            if cursor == 0:
+                return
+
     def errors(self, action: str) -> ErrorMap:
         """Driver errors -> ``BackendError`` for ``action`` (see :mod:`._errors`)."""
         errors = self._errors.get(action)
@@ -332,7 +339,11 @@ class NodeSource:
             errors = self._errors[action] = ErrorMap(action, self._where, self._secret, limit)
         return errors
 
-    def new_connection(self, purpose: str) -> AbstractConnection:
+    def route(self, key: bytes) -> str:
+        """``""``: one server holds every key."""
+        return ""
+
+    def new_connection(self, purpose: str, route: str = "") -> AbstractConnection:
         """A side connection with the pool's settings, named ``aiodlock:<purpose>``."""
         name = f"{_CLIENT_NAME}:{purpose}"
         return self._conn_class(**{**self._side_kwargs(), "client_name": name})
@@ -344,6 +355,13 @@ class NodeSource:
     ) -> tuple[type[AbstractConnection], dict[str, Any]]:
         """The connection class and its keyword arguments for ``url`` (validated now)."""
         return _connection_settings(url, options, connect_timeout)
+
+    def _new_client(self) -> aioredis.Redis:
+        """The command client (made at :meth:`open`); closing it closes what it owns."""
+        if self._given_pool is not None:
+            # A client of our own on the application's pool: closing it leaves the pool open.
+            return aioredis.Redis(connection_pool=self._given_pool)
+        return aioredis.Redis.from_pool(self._new_pool())  # closing it closes the pool
 
     def _new_pool(self) -> aioredis.ConnectionPool:
         """The pool of command connections (made at :meth:`open`)."""
@@ -364,6 +382,14 @@ class NodeSource:
     def _unavailable(self) -> BackendError:
         state = "closed" if self._closed else "not open yet"
         return BackendError(f"the redis backend for {self._where} is {state}")
+
+
+_SCAN_COUNT: Final = 1000
+
+
+async def _scan_page(client: aioredis.Redis, cursor: int, match: str) -> tuple[int, list[Any]]:
+    next_cursor, keys = await client.scan(cursor, match=match, count=_SCAN_COUNT)
+    return int(next_cursor), list(keys)
 
 
 class _Queued(Generic[_T]):
@@ -400,7 +426,8 @@ def _connection_settings(
     if len(url.hosts) > 1:
         raise ValueError(
             f"{url.scheme}:// takes one host, got {len(url.hosts)}; for several hosts use "
-            "redis+sentinel://h1:26379,h2:26379/SERVICE_NAME (Redis Sentinel)"
+            "redis+sentinel://h1:26379,h2:26379/SERVICE_NAME (Redis Sentinel) or "
+            "redis+cluster://h1:7000,h2:7000 (Redis Cluster)"
         )
     host, port = url.hosts[0] if url.hosts else ("localhost", None)
     path = url.path.strip("/")

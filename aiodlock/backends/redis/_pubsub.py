@@ -22,19 +22,31 @@ silently inside a read after a reconnect (so nobody learns that messages were lo
 reads and writes share one lock-free connection object between tasks. Here one writer task
 owns every write, one reader task every read.
 
+**Sharded** (``sharded=True``, Redis Cluster): the hub speaks ``SSUBSCRIBE`` to the one
+master that serves its channels' slots (:mod:`._sharded` keeps one hub per master). A channel
+whose slot is no longer served there -- the server unsubscribes it (slot migrated, master
+demoted), refuses it with ``MOVED``, or the connection is lost (the master may be dead) -- is
+*evicted*: its waiters are woken to re-check, and :attr:`PubSubWaiter.active` turns false so
+that they subscribe again wherever the slot is served now.
+
 The rules both wakeup mechanisms follow are in :mod:`._wait`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    MovedError,
+    ResponseError,
+)
 
 from ..._exceptions import BackendError
 from ._source import disconnect_quietly
@@ -43,9 +55,7 @@ from ._wait import sleep_on
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
-    from ._source import ConnectionSource
-
-__all__ = ["PubSubHub", "PubSubWaiter"]
+__all__ = ["ChannelMoved", "PubSubHub", "PubSubWaiter", "SideConnections"]
 
 _log = logging.getLogger("aiodlock.redis")
 
@@ -63,6 +73,30 @@ _PING_INTERVAL: Final = 15.0
 is dead (a silent partition would otherwise leave every waiter on its cap)."""
 _MIN_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 2.0
+
+
+class SideConnections(Protocol):
+    """Where a hub gets its connection: a :class:`~._source.ConnectionSource`, or one master
+    of a cluster."""
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    @property
+    def socket_timeout(self) -> float: ...
+
+    def new_connection(self, purpose: str) -> AbstractConnection: ...
+
+    def describe(self) -> str: ...
+
+
+class ChannelMoved(BackendError):
+    """A sharded channel's slot is not (or no longer) served by this hub's master."""
+
+
+# Message kinds and commands: plain pub/sub, and sharded pub/sub (Redis >= 7).
+_PLAIN: Final = (b"message", b"subscribe", b"unsubscribe", "SUBSCRIBE", "UNSUBSCRIBE")
+_SHARDED: Final = (b"smessage", b"ssubscribe", b"sunsubscribe", "SSUBSCRIBE", "SUNSUBSCRIBE")
 
 
 class _Channel:
@@ -99,6 +133,11 @@ class PubSubWaiter:
         self._flag = False  # a banked wakeup, consumed by the next wait()
         self._owes = False  # got a "wake one" that no re-check has used yet
         self._fut: asyncio.Future[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Entered and still on its channel (false once left, or evicted: see the module)."""
+        return self._ch is not None
 
     async def __aenter__(self) -> PubSubWaiter:
         await self._hub._join(self)
@@ -147,8 +186,18 @@ class PubSubHub:
     failure tears both down, reconnects with capped exponential backoff and re-subscribes.
     """
 
-    def __init__(self, source: ConnectionSource) -> None:
+    def __init__(
+        self,
+        source: SideConnections,
+        *,
+        sharded: bool = False,
+        ids: Iterator[int] | None = None,
+    ) -> None:
         self._source = source
+        self._sharded = sharded
+        self._kinds = _SHARDED if sharded else _PLAIN
+        # Subscription numbers (see subscription()); hubs that share ``ids`` never reuse one.
+        self._ids = itertools.count(1) if ids is None else ids
         self._connect_timeout = source.connect_timeout
         # A first waiter may have to wait for a connect, then for the SUBSCRIBE's reply.
         self._confirm_timeout = source.connect_timeout + source.socket_timeout
@@ -160,7 +209,6 @@ class PubSubHub:
         self._conn: AbstractConnection | None = None
         self._ping_due = False
         self._task: asyncio.Task[None] | None = None
-        self._subscriptions = 0
         self.closed = False
         self.connects = 0
         self.waiters = 0
@@ -180,6 +228,12 @@ class PubSubHub:
         """
         ch = self._channels.get(channel)
         return ch.since if ch is not None and ch.state == _SUBSCRIBED else 0
+
+    def subscribed(self, channel: bytes) -> bool:
+        """Whether the server may count our connection among ``channel``'s subscribers now
+        (subscribed, or a SUBSCRIBE/UNSUBSCRIBE still on its way)."""
+        ch = self._channels.get(channel)
+        return ch is not None and ch.state != _ABSENT
 
     def expect(self, channel: bytes, owner: str) -> None:
         """Keep a wakeup addressed to ``owner`` on ``channel`` until its waiter joins (or
@@ -327,8 +381,7 @@ class PubSubHub:
         if ch is None:
             ch = self._channels[name] = _Channel(name)
         ch.state = _SUBSCRIBED
-        self._subscriptions += 1
-        ch.since = self._subscriptions
+        ch.since = next(self._ids)
         self._settle(ch, None)
         if ch.recheck:
             # Back after a disconnect: anything published meanwhile is lost; re-check all.
@@ -342,13 +395,39 @@ class PubSubHub:
         ch = self._channels.get(name)
         if ch is None:
             return
+        if self._sharded and ch.state == _SUBSCRIBED:
+            # Not asked for: the server dropped the channel, its slot is served elsewhere now.
+            self._evict(ch)
+            return
         ch.state = _ABSENT
         if ch.waiters or ch.pending:
             self._mark(name)  # someone arrived while it was going away: subscribe again
         else:
             del self._channels[name]
 
+    def _evict(self, ch: _Channel) -> None:
+        """Sharded: ``ch`` is served by another master now (or this one is gone). Its waiters
+        are woken to re-check and subscribe again where the slot is (see the module)."""
+        del self._channels[ch.name]
+        self._dirty.discard(ch.name)
+        self._settle(ch, ChannelMoved(f"channel {ch.name!r} is not served by {self._where}"))
+        for w in list(ch.waiters):
+            w._ch = None
+            self.waiters -= 1
+            w._wake(owes=False)
+        # A confirmation still on its way finds no waiters and unsubscribes (_on_subscribe).
+        ch.waiters.clear()
+
+    def _evict_all(self, *, subscribing_only: bool = False) -> None:
+        for ch in list(self._channels.values()):
+            if not subscribing_only or ch.state == _SUBSCRIBING:
+                self._evict(ch)
+
     def _on_disconnect(self) -> None:
+        if self._sharded:
+            # The master may be gone for good (failover): every channel finds its slot anew.
+            self._evict_all()
+            return
         for name, ch in list(self._channels.items()):
             if ch.state in (_SUBSCRIBED, _UNSUBSCRIBING) and ch.waiters:
                 ch.recheck = True
@@ -382,7 +461,10 @@ class PubSubHub:
                     type(exc).__name__,
                     exc,
                 )
-                self._fail_pending(exc)
+                if self._sharded:
+                    self._evict_all()  # the master may be gone: find each slot anew
+                else:
+                    self._fail_pending(exc)
                 delay = min(_MAX_BACKOFF, max(_MIN_BACKOFF, delay * 2))
                 # Reconnect backoff (jittered), not a lock poll: waiters are capped anyway.
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -420,8 +502,20 @@ class PubSubHub:
 
     async def _read_loop(self, conn: AbstractConnection) -> None:
         ping_sent = False
+        message, subscribed, unsubscribed = self._kinds[:3]
         while True:
-            reply = await conn.read_response(timeout=_PING_INTERVAL, disconnect_on_error=False)
+            try:
+                reply = await conn.read_response(
+                    timeout=_PING_INTERVAL, disconnect_on_error=False
+                )
+            except MovedError:
+                if not self._sharded:
+                    raise
+                # An SSUBSCRIBE refused: its slot is served elsewhere (one SSUBSCRIBE per
+                # channel, but which one is not said): every channel still waiting for its
+                # confirmation looks for its master again; those that were right come back.
+                self._evict_all(subscribing_only=True)
+                continue
             if reply is None:  # nothing for a whole interval
                 if ping_sent:
                     raise RedisConnectionError("the pub/sub connection stopped answering PING")
@@ -432,11 +526,11 @@ class PubSubHub:
             if type(reply) is not list:
                 continue  # +PONG while nothing is subscribed
             kind = reply[0]
-            if kind == b"message":
+            if kind == message:
                 self._route(reply[1], reply[2])
-            elif kind == b"subscribe":
+            elif kind == subscribed:
                 self._on_subscribe(reply[1])
-            elif kind == b"unsubscribe":
+            elif kind == unsubscribed:
                 self._on_unsubscribe(reply[1])
 
     async def _write_loop(self, conn: AbstractConnection) -> None:
@@ -460,10 +554,18 @@ class PubSubHub:
                     ch.state = _UNSUBSCRIBING
                     unsubscribe.append(name)
             self._dirty.clear()
-            if subscribe:
-                await conn.send_command("SUBSCRIBE", *subscribe, check_health=False)
-            if unsubscribe:
-                await conn.send_command("UNSUBSCRIBE", *unsubscribe, check_health=False)
+            sub, unsub = self._kinds[3:]
+            if self._sharded:
+                # One channel per command: the channels of one SSUBSCRIBE must share a slot.
+                commands = [(sub, name) for name in subscribe]
+                commands += [(unsub, name) for name in unsubscribe]
+                if commands:
+                    await conn.send_packed_command(conn.pack_commands(commands), False)
+            else:
+                if subscribe:
+                    await conn.send_command(sub, *subscribe, check_health=False)
+                if unsubscribe:
+                    await conn.send_command(unsub, *unsubscribe, check_health=False)
             if self._ping_due:
                 self._ping_due = False
                 await conn.send_command("PING", check_health=False)

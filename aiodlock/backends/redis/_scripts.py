@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, Final
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 if TYPE_CHECKING:
@@ -33,8 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALL",
+    "BREAK",
+    "COURTESY_MS",
     "FAIR_ACQUIRE",
     "FAIR_RELEASE",
+    "FENCE_RAISE",
+    "INSPECT",
     "MUTEX_ACQUIRE",
     "MUTEX_RELEASE",
     "MUTEX_RENEW",
@@ -120,7 +125,16 @@ async def run_replicated(
 
 
 async def load_all(client: aioredis.Redis) -> None:
-    """Load every script in one pipelined round trip, so the first EVALSHAs find them."""
+    """Load every script in one pipelined round trip, so the first EVALSHAs find them.
+
+    On Redis Cluster (a ``RedisCluster`` behind the name) one at a time: each ``SCRIPT LOAD``
+    goes to every master, which a cluster pipeline (routed by key) cannot send.
+    """
+    cluster: object = client  # typed as a Redis: the sources hand every client in as one
+    if isinstance(cluster, RedisCluster):
+        for script in ALL:
+            await cluster.script_load(script.text)
+        return
     async with client.pipeline(transaction=False) as pipe:
         for script in ALL:
             pipe.script_load(script.text)
@@ -132,11 +146,12 @@ SIGNAL_TTL_MS = 5000
 waiter's re-check and its BLPOP; afterwards a stale token is at worst one spurious wakeup."""
 
 WAIT_SLICE_MS = 10_000
-"""A BLPOP waiter re-registers at least this often (a long wait is cut into BLPOP slices)."""
+"""A BLPOP waiter refreshes its registration at least this often (a long wait is cut into BLPOP
+slices)."""
 
 WAITERS_TTL_MS = 3 * WAIT_SLICE_MS
 """TTL of a waiter registry: a crashed waiter keeps it alive at most this long after the last
-live waiter re-registered."""
+live waiter refreshed it."""
 
 # Server time in whole milliseconds, as a Lua number (exact: it is far below 2^53).
 _NOW = """
@@ -145,18 +160,23 @@ local now = tonumber(_t[1]) * 1000 + math.floor(tonumber(_t[2]) / 1000)
 """
 
 # notify(channel or list, payload, mode, cap, registry): registry is the list's waiter ZSET
-# (false: push unconditionally, for a fair waiter's own list).
+# (false: push unconditionally, for a fair waiter's own list). Returns how many waiting
+# clients it reached: pub/sub, the subscribers; BLPOP, the registered waiters.
 _NOTIFY = f"""
 local function notify(key, msg, mode, cap, registry)
   if mode == 'p' then
-    redis.call('PUBLISH', key, msg)
+    return redis.call('PUBLISH', key, msg)
   elseif mode == 's' then
-    redis.call('SPUBLISH', key, msg)
-  elseif not registry or redis.call('EXISTS', registry) == 1 then
+    return redis.call('SPUBLISH', key, msg)
+  end
+  local waiting = 1
+  if registry then waiting = redis.call('ZCARD', registry) end
+  if waiting > 0 then
     redis.call('LPUSH', key, msg)
     redis.call('LTRIM', key, 0, cap - 1)
     redis.call('PEXPIRE', key, {SIGNAL_TTL_MS})
   end
+  return waiting
 end
 """
 
@@ -212,15 +232,26 @@ end
 
 # ---------------------------------------------------------------------------------- mutex
 
+COURTESY_MS = 30
+"""How long a client that released a mutex other clients wait for stays out of it (``T:yield``):
+long enough for a woken waiter of another process to send its attempt, so the releaser, which
+is awake and first to try again, does not take the lock back round after round."""
+
 MUTEX_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _LEAVE_ON_GRANT
     + """
--- KEYS[1] lock, KEYS[2] fence; BLPOP mode also KEYS[3] waiters, KEYS[4] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence ttl ms
--- -> {1, fencing token} | {0, PTTL of the holder in ms (-1: the key has no TTL)}
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield; BLPOP mode also KEYS[4] waiters, KEYS[5] signal
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] client id, ARGV[4] fence ttl ms
+-- -> {1, fencing token} | {0, ms to wait: the holder's PTTL (-1: no TTL), or the rest of
+-- this client's courtesy after its own release (see MUTEX_RELEASE)}
+local yielding = redis.call('GET', KEYS[3])
+if yielding == ARGV[3] then
+  return {0, redis.call('PTTL', KEYS[3])}
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if #KEYS > 2 then leave_on_grant(ARGV[1], KEYS[3], {KEYS[4]}) end
+  if yielding then redis.call('DEL', KEYS[3]) end
+  if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
   return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
@@ -230,13 +261,20 @@ return {0, redis.call('PTTL', KEYS[1])}
 MUTEX_RELEASE: Final = Script(
     _NOTIFY
     + """
--- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry)
--- ARGV[1] owner, ARGV[2] notify mode
+-- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry), KEYS[4] yield
+-- ARGV[1] owner, ARGV[2] notify mode; optional ARGV[3] client id, ARGV[4] waiters of this
+-- client notified too (its own subscription / registrations), ARGV[5] courtesy ms
 -- -> 1 released | 0 not the owner (never held, released already, or expired)
--- Compare-and-delete, then wake one waiter per process ("1").
+-- Compare-and-delete, then wake one waiter per process ("1"). If waiters of other clients
+-- were woken, this client stays out for the courtesy (until one of them takes the lock, or
+-- it expires): otherwise the releaser, awake and first to try again, takes the lock back
+-- before any of them has heard of the release, and they starve.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
+  local reached = notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
+  if ARGV[5] and reached > tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[5])
+  end
   return 1
 end
 return 0
@@ -632,6 +670,80 @@ return 0
 )
 
 
+# ------------------------------------------------------------------------------ operators
+
+INSPECT: Final = Script(
+    _NOW
+    + """
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] waiters, KEYS[5] writer, KEYS[6] readers,
+-- KEYS[7] rw waiters, KEYS[8] sem, KEYS[9] sem waiters
+-- -> {now ms, fence, mutex owner, its PTTL, queue length + mutex waiters, writer, its PTTL,
+--     {reader, expiry ms, ...}, rw waiters, {permit owner, expiry ms, ...}, sem waiters}
+-- Read-only: one consistent snapshot of every family of one name (false: absent).
+local function live(zset)
+  return redis.call('ZRANGEBYSCORE', zset, '(' .. now, '+inf', 'WITHSCORES')
+end
+return {
+  now,
+  redis.call('GET', KEYS[2]),
+  redis.call('GET', KEYS[1]),
+  redis.call('PTTL', KEYS[1]),
+  redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[4]),
+  redis.call('GET', KEYS[5]),
+  redis.call('PTTL', KEYS[5]),
+  live(KEYS[6]),
+  redis.call('ZCARD', KEYS[7]),
+  live(KEYS[8]),
+  redis.call('ZCARD', KEYS[9]),
+}
+"""
+)
+
+BREAK: Final = Script(
+    _NEXT_TOKEN
+    + _NOW
+    + _FAIR
+    + """
+-- KEYS[1] family ('m' mutex, 'rw' read-write, 's' semaphore) is in ARGV[1], and the keys are:
+--   m:  lock, fence, note, signal, waiters, queue
+--   rw: writer, fence, readers, signal, rsignal, waiters
+--   s:  sem, fence, sem limit, signal, waiters
+-- ARGV[1] family, ARGV[2] notify mode, ARGV[3] fence ttl ms
+-- -> {holders dropped, the fencing token it moved to (0: nothing was held)}
+-- Force-release: every holder's key or member goes, so its next renewal is refused and its
+-- watchdog reports the loss; the fencing counter moves on, so a fenced resource refuses the
+-- broken holder's writes even before the next grant; waiters are woken as by a release.
+local family, mode = ARGV[1], ARGV[2]
+local dropped = 0
+if family == 'm' then
+  if redis.call('DEL', KEYS[1]) == 1 then dropped = 1 end
+  redis.call('DEL', KEYS[3])
+  if dropped > 0 then
+    local head = redis.call('LINDEX', KEYS[6], 0)
+    if head then notify_owner(KEYS[4], head, mode) end
+    notify(KEYS[4], '*', mode, 1, KEYS[5])
+  end
+elseif family == 'rw' then
+  dropped = redis.call('DEL', KEYS[1]) + redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+  redis.call('DEL', KEYS[3])
+  if dropped > 0 then
+    notify(KEYS[4], '*', mode, 1, KEYS[6])
+    if mode == 'l' then notify(KEYS[5], '1', 'l', 1, KEYS[6]) end
+  end
+else
+  dropped = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  local limit = tonumber(redis.call('GET', KEYS[3]) or '1')
+  redis.call('DEL', KEYS[1], KEYS[3])
+  if dropped > 0 then notify(KEYS[4], '*', mode, limit, KEYS[5]) end
+end
+if dropped == 0 then
+  return {0, 0}
+end
+return {dropped, next_token(KEYS[2], ARGV[#ARGV])}
+"""
+)
+
+
 ALL: Final = (
     MUTEX_ACQUIRE,
     MUTEX_RELEASE,
@@ -650,5 +762,29 @@ ALL: Final = (
     SIGNAL_PUSH,
     WAIT_ARM,
     WAIT_LEAVE,
+    INSPECT,
+    BREAK,
 )
 """Every script, in the order :func:`load_all` loads them."""
+
+# ------------------------------------------------------------------------------ redlock
+# Used by the Redlock backend (:mod:`._redlock`) only, and loaded by it: not in ALL.
+
+FENCE_RAISE: Final = Script(
+    """
+-- KEYS[1] fence
+-- ARGV[1] token, ARGV[2] fence ttl ms ('0': forever)
+-- -> 1. "Set if greater": the write phase of the Redlock fencing token (quorum max + 1). A
+-- counter already at or above the token is left alone, so a slow write can never move a
+-- counter back.
+local token = tonumber(ARGV[1])
+if token > (tonumber(redis.call('GET', KEYS[1])) or 0) then
+  if ARGV[2] == '0' then
+    redis.call('SET', KEYS[1], ARGV[1])
+  else
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  end
+end
+return 1
+"""
+)

@@ -5,11 +5,11 @@ redis-py client and its pool, side connections for wakeups, time limits and erro
 translation -- and nothing about locks. The backend and its waiters reach Redis only through
 this interface, so another topology is another source behind the same backend:
 
-- :class:`~._node.NodeSource`: one server (``redis://``, ``rediss://``, ``unix://``), the only
-  one implemented;
-- a Sentinel source would follow the master through failovers, a Cluster source would route
-  by slot (every key of one lock shares a hash tag), and a Redlock backend would compose one
-  node source per independent master.
+- :class:`~._node.NodeSource`: one server (``redis://``, ``rediss://``, ``unix://``);
+- :class:`~._sentinel.SentinelSource`: the master behind Sentinel, followed through failovers;
+- :class:`~._cluster.ClusterSource`: Redis Cluster, routed by slot (every key of one lock
+  shares a hash tag, so each lock step is on one master); side connections go to the master
+  of a key's slot (:meth:`ConnectionSource.route`).
 
 Example::
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, TypeVarTuple
 
@@ -123,6 +123,15 @@ class ConnectionSource(Protocol):
         """
         ...
 
+    def scan_iter(self, match: str) -> AsyncIterator[bytes]:
+        """Every key matching the glob ``match`` (``SCAN ... MATCH``), on every server that
+        holds keys (each primary of a cluster); a key may be reported more than once.
+
+        Each page is one bounded command; driver errors become ``BackendError`` (action
+        ``"inspect"``). For operators: it walks the whole keyspace, never use it on a hot path.
+        """
+        ...
+
     def errors(self, action: str) -> AbstractContextManager[None]:
         """A reusable ``with`` block turning driver errors into ``BackendError``.
 
@@ -130,8 +139,15 @@ class ConnectionSource(Protocol):
         """
         ...
 
-    def new_connection(self, purpose: str) -> AbstractConnection:
-        """A new, not yet connected connection outside the pool, for blocking or pub/sub use.
+    def route(self, key: bytes) -> str:
+        """Which server holds ``key`` now, as a name for :meth:`new_connection` (``""`` where
+        one server holds every key). Side connections made for one route serve every key of
+        that route; after a failover or a slot move a key may have another route."""
+        ...
+
+    def new_connection(self, purpose: str, route: str = "") -> AbstractConnection:
+        """A new, not yet connected connection outside the pool, for blocking or pub/sub use,
+        to the server named by ``route`` (:meth:`route`).
 
         Its client name is ``aiodlock:<purpose>``. The caller connects it (within
         ``connect_timeout``) and closes it (:func:`disconnect_quietly`).

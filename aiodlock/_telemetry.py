@@ -1,0 +1,240 @@
+"""Observability in one place: the log records and the OpenTelemetry spans and metrics of a
+lock's state changes.
+
+The core calls this module where a lock changes state, and nowhere else: :func:`acquired`
+when a grant arrives (``_locks``), :func:`timed_out` when a wait gives up (``_locks``),
+:meth:`Hold.released` and :meth:`Hold.lost` as the lease ends (``_lease``, the lease's own state
+machine), :func:`renewal_failed` and :func:`renewal_recovered` around a streak of failed
+renewals (``_watchdog``).
+
+**Logs** go to the logger ``aiodlock.locks``, one record per state change (never per request),
+each carrying the lock in ``extra=`` fields: ``aiodlock_namespace``, ``aiodlock_name``,
+``aiodlock_kind`` (``mutex``, ``read``, ``write``, ``semaphore``) and ``aiodlock_token`` (the
+fencing token; ``None`` before a grant). Grants and releases are DEBUG; a lost lease and the
+first failed renewal of a streak are WARNING (the recovery is INFO). Records never carry a URL,
+a password or a service's reply.
+
+**OpenTelemetry** (``pip install 'aiodlock[otel]'``) is used when ``opentelemetry-api`` is
+importable, through the global tracer and meter providers the application configures; without
+it every call here is a no-op beyond logging. ``import aiodlock`` never imports it (the first
+grant does). Spans: ``aiodlock.acquire`` (from the call to the grant or the timeout, with
+``aiodlock.wait_seconds``) and ``aiodlock.hold`` (from the grant to the release or the loss;
+status ERROR on a loss). Metrics: the counters ``aiodlock.grants``, ``aiodlock.timeouts`` and
+``aiodlock.losses`` and the histogram ``aiodlock.wait`` (seconds), with the attributes
+``aiodlock.namespace`` and ``aiodlock.kind`` (not the lock name: names are unbounded).
+
+Example (what the core does around one acquisition)::
+
+    hold = acquired(spec, token=7, waited=0.012)
+    ...
+    hold.released()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from .backends._protocol import LockSpec
+
+if TYPE_CHECKING:
+    from ._exceptions import LockLostError
+
+__all__ = [
+    "LOGGER_NAME",
+    "Hold",
+    "acquired",
+    "log_extra",
+    "renewal_failed",
+    "renewal_recovered",
+    "timed_out",
+]
+
+LOGGER_NAME: Final = "aiodlock.locks"
+logger = logging.getLogger(LOGGER_NAME)
+
+_NS_PER_S: Final = 1_000_000_000
+
+
+def log_extra(spec: LockSpec, token: int | None) -> dict[str, Any]:
+    """The ``extra=`` fields of every record about one lock (see the module docstring)."""
+    return {
+        "aiodlock_namespace": spec.namespace,
+        "aiodlock_name": spec.name,
+        "aiodlock_kind": spec.kind.value,
+        "aiodlock_token": token,
+    }
+
+
+def _attributes(spec: LockSpec) -> dict[str, str]:
+    # Metric attributes: bounded values only (a lock name is not).
+    return {"aiodlock.namespace": spec.namespace, "aiodlock.kind": spec.kind.value}
+
+
+def _span_attributes(spec: LockSpec, token: int | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {**_attributes(spec), "aiodlock.name": spec.name}
+    if token is not None:
+        attributes["aiodlock.fencing_token"] = token
+    return attributes
+
+
+class _OTel:
+    """The tracer and instruments, made once ``opentelemetry-api`` is found."""
+
+    def __init__(self) -> None:
+        from opentelemetry import metrics, trace
+        from opentelemetry.trace import Status, StatusCode
+
+        self.tracer = trace.get_tracer("aiodlock")
+        meter = metrics.get_meter("aiodlock")
+        self.grants = meter.create_counter(
+            "aiodlock.grants", unit="{grant}", description="locks granted"
+        )
+        self.timeouts = meter.create_counter(
+            "aiodlock.timeouts", unit="{timeout}", description="acquisitions that timed out"
+        )
+        self.losses = meter.create_counter(
+            "aiodlock.losses", unit="{loss}", description="leases lost while held"
+        )
+        self.wait = meter.create_histogram(
+            "aiodlock.wait", unit="s", description="time from acquire() to the grant"
+        )
+        self.error = Status(StatusCode.ERROR)
+
+
+_otel: _OTel | None = None
+_otel_missing = False
+
+
+def _telemetry() -> _OTel | None:
+    """The OpenTelemetry hooks, or None when ``opentelemetry-api`` is not installed."""
+    global _otel, _otel_missing
+    if _otel is None and not _otel_missing:
+        try:
+            _otel = _OTel()
+        except ImportError:
+            _otel_missing = True
+    return _otel
+
+
+class Hold:
+    """One held lease, from its grant to its end: the ``aiodlock.hold`` span and the records.
+
+    :meth:`released` and :meth:`lost` may both be called (a lease lost, then released): the
+    first one ends the hold.
+    """
+
+    __slots__ = ("_ended", "_granted_ns", "_span", "spec", "token")
+
+    def __init__(self, spec: LockSpec, token: int, span: Any) -> None:
+        self.spec = spec
+        self.token = token
+        self._span = span
+        self._granted_ns = time.time_ns()
+        self._ended = False
+
+    def released(self) -> None:
+        """The holder gave the lease back."""
+        if self._ended:
+            return
+        self._ended = True
+        if logger.isEnabledFor(logging.DEBUG):  # the hot path: no work when not logging
+            held = (time.time_ns() - self._granted_ns) / _NS_PER_S
+            logger.debug(
+                "released %s (token %s) after %.3f s",
+                self.spec.describe(),
+                self.token,
+                held,
+                extra=log_extra(self.spec, self.token),
+            )
+        if self._span is not None:
+            self._span.end()
+
+    def lost(self, reason: LockLostError) -> None:
+        """The lease was lost (renewal refused, session gone, validity passed...)."""
+        first = not self._ended
+        self._ended = True
+        logger.warning(
+            "lost %s (token %s): %s",
+            self.spec.describe(),
+            self.token,
+            reason,
+            extra=log_extra(self.spec, self.token),
+        )
+        otel = _telemetry()
+        if otel is not None:
+            otel.losses.add(1, _attributes(self.spec))
+        if first and otel is not None and self._span is not None:
+            self._span.set_status(otel.error)
+            self._span.add_event("aiodlock.lost", {"aiodlock.reason": str(reason)})
+            self._span.end()
+
+
+def acquired(spec: LockSpec, *, token: int, waited: float) -> Hold:
+    """A grant after ``waited`` seconds: log it, count it, trace the wait; the hold begins."""
+    if logger.isEnabledFor(logging.DEBUG):  # the hot path: no work when not logging
+        logger.debug(
+            "acquired %s (token %s) after %.3f s",
+            spec.describe(),
+            token,
+            waited,
+            extra=log_extra(spec, token),
+        )
+    otel = _telemetry()
+    if otel is None:
+        return Hold(spec, token, None)
+    attributes = _span_attributes(spec, token)
+    now = time.time_ns()
+    span = otel.tracer.start_span(
+        "aiodlock.acquire",
+        start_time=now - int(waited * _NS_PER_S),
+        attributes={**attributes, "aiodlock.wait_seconds": waited},
+    )
+    span.end(end_time=now)
+    otel.grants.add(1, _attributes(spec))
+    otel.wait.record(waited, _attributes(spec))
+    hold_span = otel.tracer.start_span("aiodlock.hold", start_time=now, attributes=attributes)
+    return Hold(spec, token, hold_span)
+
+
+def timed_out(spec: LockSpec, *, waited: float) -> None:
+    """An acquisition gave up after ``waited`` seconds (``LockTimeoutError``)."""
+    logger.debug(
+        "timed out waiting for %s after %.3f s",
+        spec.describe(),
+        waited,
+        extra=log_extra(spec, None),
+    )
+    otel = _telemetry()
+    if otel is None:
+        return
+    now = time.time_ns()
+    span = otel.tracer.start_span(
+        "aiodlock.acquire",
+        start_time=now - int(waited * _NS_PER_S),
+        attributes={**_span_attributes(spec, None), "aiodlock.wait_seconds": waited},
+    )
+    span.set_status(otel.error)
+    span.add_event("aiodlock.timeout")
+    span.end(end_time=now)
+    otel.timeouts.add(1, _attributes(spec))
+
+
+def renewal_failed(spec: LockSpec, token: int, error: BaseException, *, remaining: float) -> None:
+    """The first renewal of a streak failed (the watchdog retries within the validity)."""
+    logger.warning(
+        "renewing %s (token %s) failed: %s; retrying for up to %.3f s before it is lost",
+        spec.describe(),
+        token,
+        error,
+        max(remaining, 0.0),
+        extra=log_extra(spec, token),
+    )
+
+
+def renewal_recovered(spec: LockSpec, token: int) -> None:
+    """A renewal succeeded after a streak of failures."""
+    logger.info(
+        "renewing %s (token %s) works again", spec.describe(), token, extra=log_extra(spec, token)
+    )

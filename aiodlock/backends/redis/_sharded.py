@@ -1,0 +1,216 @@
+"""Sharded pub/sub wakeups for Redis Cluster: :class:`ShardedHub` and its
+:class:`ShardedWaiter`.
+
+On a cluster the release scripts ``SPUBLISH`` (a plain ``PUBLISH`` would be broadcast to every
+node), and a sharded message reaches only the subscribers of the master that serves the
+channel's slot (and its replicas). So the hub keeps one :class:`~._pubsub.PubSubHub` in
+sharded mode per master that it waits on: one connection per master, multiplexed as on one
+server -- 500 waiters on one client cost at most one connection per master. Each channel is
+the hash-tagged ``{ns:name}:signal`` of its lock, in the same slot as the lock's keys.
+
+**When a slot moves** (a migration, a failover, a dead master), the master's hub *evicts* the
+channel: the server unsubscribed it, refused it with ``MOVED``, or the connection was lost
+(see :mod:`._pubsub`). Its waiters are woken; each one reads the slot map again (shared by
+all of them, :meth:`~._cluster.ClusterSource.refresh`), subscribes on the master that serves
+the slot now, and returns to its caller, who re-checks the lock -- level-triggered, so a
+release published while the channel was moving is not missed. While no master can be
+reached, a waiter pauses briefly before its caller re-checks (which then reports the outage);
+every wait stays capped by the holder's remaining lease, as always.
+
+Example::
+
+    hub = ShardedHub(cluster_source)
+    hub.start(task_group.create_task)
+    async with hub.waiter(keys.signal, owner) as waiter:
+        ...  # re-check the lock, then
+        await waiter.wait(timeout=remaining_lease)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from ..._exceptions import BackendError
+from ._pubsub import ChannelMoved, PubSubHub, PubSubWaiter
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+    from ._cluster import ClusterSource
+
+__all__ = ["ShardedHub", "ShardedWaiter"]
+
+_JOIN_ATTEMPTS: Final = 3
+"""How often entering a waiter looks for its channel's master before giving up (the slot map
+can lag behind a move by a moment)."""
+_RETRY_PAUSE: Final = 0.1
+"""A waiter whose master cannot be reached pauses this long before its caller re-checks."""
+
+
+class _Master:
+    """The side connections of one master, for its hub (:class:`~._pubsub.SideConnections`)."""
+
+    __slots__ = ("_route", "_source")
+
+    def __init__(self, source: ClusterSource, route: str) -> None:
+        self._source = source
+        self._route = route
+
+    @property
+    def connect_timeout(self) -> float:
+        return self._source.connect_timeout
+
+    @property
+    def socket_timeout(self) -> float:
+        return self._source.socket_timeout
+
+    def new_connection(self, purpose: str) -> AbstractConnection:
+        return self._source.new_connection(purpose, self._route)
+
+    def describe(self) -> str:
+        return f"{self._source.describe()} (master {self._route})"
+
+
+class ShardedWaiter:
+    """One waiting acquisition on a sharded channel; follows the channel's slot (see module)."""
+
+    __slots__ = ("_channel", "_hub", "_inner", "_owner")
+
+    def __init__(self, hub: ShardedHub, channel: bytes, owner: str) -> None:
+        self._hub = hub
+        self._channel = channel
+        self._owner = owner
+        self._inner: PubSubWaiter | None = None
+
+    async def __aenter__(self) -> ShardedWaiter:
+        for attempt in range(_JOIN_ATTEMPTS):
+            try:
+                await self._join()
+            except ChannelMoved:
+                if attempt == _JOIN_ATTEMPTS - 1:
+                    raise
+                await self._hub.source.refresh()
+            else:
+                return self
+        raise AssertionError("unreachable")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            await inner.__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (or a wakeup was banked), or after ``timeout`` seconds; at once
+        (after subscribing where the slot is now) if the channel moved."""
+        hub = self._hub
+        inner = self._inner
+        if inner is not None and inner.active:
+            await inner.wait(timeout)
+            if hub.closed or inner.active:  # woken, or timed out, on its channel
+                return
+        if hub.closed:
+            return
+        # Evicted: the slot is served elsewhere now, or its master is gone. The old waiter is
+        # off its channel already; subscribe where the slot is, then let the caller re-check.
+        self._inner = None
+        try:
+            await hub.source.refresh()
+            await self._join()
+        except BackendError:
+            # No master to subscribe on yet (failover under way): pause, so that a caller
+            # whose re-checks are answered keeps no connection busy in a tight loop.
+            pause = _RETRY_PAUSE if timeout is None else min(timeout, _RETRY_PAUSE)
+            if pause > 0:
+                await asyncio.sleep(pause)
+
+    async def _join(self) -> None:
+        inner = self._hub.hub_for(self._channel).waiter(self._channel, self._owner)
+        await inner.__aenter__()
+        self._inner = inner
+
+
+class ShardedHub:
+    """Sharded pub/sub over one :class:`~._pubsub.PubSubHub` per master (see module)."""
+
+    def __init__(self, source: ClusterSource) -> None:
+        self.source = source
+        self._where = source.describe()
+        self._hubs: dict[str, PubSubHub] = {}
+        # Subscription numbers unique across the masters' hubs (see PubSubHub.subscription).
+        self._ids = itertools.count(1)
+        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        self.closed = False
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        """Masters' hubs run as tasks made by ``spawn`` (the owner's group), as they come."""
+        self._spawn = spawn
+
+    def close(self) -> None:
+        """Stop every master's hub and release everyone waiting; synchronous, idempotent."""
+        self.closed = True
+        for hub in self._hubs.values():
+            hub.close()
+
+    def hub_for(self, channel: bytes) -> PubSubHub:
+        """The hub of the master that serves ``channel``'s slot (made on first use)."""
+        if self.closed or self._spawn is None:
+            raise BackendError(f"the redis backend for {self._where} is closed")
+        route = self.source.route(channel)
+        hub = self._hubs.get(route)
+        if hub is None:
+            hub = PubSubHub(_Master(self.source, route), sharded=True, ids=self._ids)
+            hub.start(self._spawn)
+            self._hubs[route] = hub
+        return hub
+
+    def waiter(self, channel: bytes, owner: str) -> ShardedWaiter:
+        """A waiter on ``channel`` for the acquisition of ``owner`` (not entered yet)."""
+        return ShardedWaiter(self, channel, owner)
+
+    def subscription(self, channel: bytes) -> int:
+        """See :meth:`PubSubHub.subscription` (numbers are unique across masters)."""
+        hub = self._known(channel)
+        return 0 if hub is None else hub.subscription(channel)
+
+    def subscribed(self, channel: bytes) -> bool:
+        """See :meth:`PubSubHub.subscribed` (SPUBLISH counts the subscribers of one shard:
+        the hub of the channel's master)."""
+        hub = self._known(channel)
+        return hub is not None and hub.subscribed(channel)
+
+    def expect(self, channel: bytes, owner: str) -> None:
+        """See :meth:`PubSubHub.expect`."""
+        hub = self._known(channel)
+        if hub is not None:
+            hub.expect(channel, owner)
+
+    def forget(self, channel: bytes, owner: str) -> None:
+        """See :meth:`PubSubHub.forget` (on every master: the channel may have moved)."""
+        for hub in self._hubs.values():
+            hub.forget(channel, owner)
+
+    def statistics(self) -> dict[str, int]:
+        """The masters' hubs' statistics, summed; ``pubsub_masters``: how many hubs."""
+        total = {"pubsub_connections": 0, "subscribed_channels": 0, "waiters": 0}
+        total["pubsub_connects"] = 0
+        for hub in self._hubs.values():
+            for key, value in hub.statistics().items():
+                total[key] = total.get(key, 0) + value
+        total["pubsub_masters"] = len(self._hubs)
+        return total
+
+    def _known(self, channel: bytes) -> PubSubHub | None:
+        try:
+            route = self.source.route(channel)
+        except BackendError:
+            return None
+        return self._hubs.get(route)

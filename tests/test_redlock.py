@@ -1,0 +1,382 @@
+"""Redlock faults (issue 8): masters stopped, flushed or restarted empty under the lock.
+
+Three independent masters (tests/support_redlock.py), healed after every test. What must
+hold: with one master of three stopped the lock is still granted (the quorum goes on after
+the per-master timeout) and no two holders overlap; with two stopped nothing is granted, and
+the caller is told; a master that loses its data never makes a fencing token go backwards
+(the quorum write); a renewal refused by a quorum cancels the body with ``LockLostError``;
+``drift_factor`` shrinks the lease; an attempt that fails leaves nothing on any master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+import aiodlock
+from aiodlock.testing import History
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from tests.servers import TLSFiles
+    from tests.support_redlock import RedlockMasters
+
+pytestmark = pytest.mark.redis
+
+NS = "faults"
+
+
+@pytest.fixture
+def masters(redlock_masters: RedlockMasters) -> Iterator[RedlockMasters]:
+    """The session's three masters, every one of them running again after the test."""
+    try:
+        yield redlock_masters
+    finally:
+        redlock_masters.heal()
+
+
+def _raw(masters: RedlockMasters, i: int) -> aioredis.Redis:
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(masters.servers[i].url)
+
+
+async def _keys(masters: RedlockMasters, i: int, pattern: str) -> list[bytes]:
+    raw = _raw(masters, i)
+    try:
+        return [bytes(k) async for k in raw.scan_iter(match=pattern)]
+    finally:
+        await raw.aclose()
+
+
+async def _work(
+    client: aiodlock.LockClient, name: str, history: History, rounds: int, timeout: float
+) -> None:
+    for _ in range(rounds):
+        async with client.lock("job", ttl=2, timeout=timeout) as lease:
+            with history.hold(name, lease.fencing_token):
+                await asyncio.sleep(0.002)
+
+
+async def test_one_master_stopped_still_grants(masters: RedlockMasters) -> None:
+    history = History()
+    async with (
+        aiodlock.connect(masters.url, namespace=NS + "1") as a,
+        aiodlock.connect(masters.url, namespace=NS + "1") as b,
+    ):
+        async with asyncio.TaskGroup() as tg:
+            for i, client in enumerate((a, b)):
+                tg.create_task(_work(client, f"c{i}", history, 5, timeout=5))
+        masters.servers[2].pause()
+        # Each acquire waits for the stopped master only for the per-master timeout (10 % of
+        # the 2 s ttl), far within the 1.5 s allowed here.
+        async with asyncio.TaskGroup() as tg:
+            for i, client in enumerate((a, b)):
+                tg.create_task(_work(client, f"c{i}", history, 10, timeout=1.5))
+        masters.servers[2].resume()
+        await a.settle()
+        await b.settle()
+    assert len(history.holds) == 30
+    history.check(max_holders=1)
+    tokens = [h.token for h in sorted(history.holds, key=lambda h: h.start)]
+    assert tokens == sorted(set(tokens))
+
+
+async def test_two_masters_stopped_grant_nothing(masters: RedlockMasters) -> None:
+    async with aiodlock.connect(masters.url, namespace=NS + "2") as locks:
+        async with locks.lock("job", ttl=2):
+            pass
+        masters.servers[1].pause()
+        masters.servers[2].pause()
+        started = time.monotonic()
+        with pytest.raises((aiodlock.LockTimeoutError, aiodlock.BackendError)):
+            await locks.lock("job", ttl=2).acquire(timeout=1.0)
+        assert await locks.lock("job", ttl=2).try_acquire() is None
+        assert time.monotonic() - started < 5  # told, not hung on the silent masters
+        masters.servers[1].resume()
+        masters.servers[2].resume()
+        async with locks.lock("job", ttl=2, timeout=10) as lease:
+            assert lease.fencing_token > 0
+        await locks.settle()
+
+
+@pytest.mark.parametrize("fault", ["flushall", "restart"])
+async def test_master_losing_its_data_keeps_tokens_increasing(
+    masters: RedlockMasters, fault: str
+) -> None:
+    """Master 0's counter has run far ahead of the clocks (as after many grants). With master
+    2 stopped, the quorum is masters 0 and 1: the grant's token is above master 0's counter,
+    and the write phase puts it on master 1 too. Then master 0 loses everything: the next
+    grants (again on masters 0 and 1) must still go above it -- master 1 knows it. Without
+    the write, master 1 would only have its clock, far below."""
+    ns = NS + "3" + fault
+    ahead = time.time_ns() // 1000 + 10**12  # µs, far above every master's clock
+    raw = _raw(masters, 0)
+    try:
+        await raw.set(f"{{{ns}:job}}:fence", ahead)
+    finally:
+        await raw.aclose()
+    async with aiodlock.connect(masters.url, namespace=ns) as locks:
+        masters.servers[2].pause()
+        async with locks.lock("job", ttl=2, timeout=10) as lease:
+            first = lease.fencing_token
+        assert first > ahead
+        if fault == "flushall":
+            raw = _raw(masters, 0)
+            try:
+                await raw.flushall()
+            finally:
+                await raw.aclose()
+        else:
+            await asyncio.to_thread(masters.servers[0].restart)  # comes back empty
+        tokens = [first]
+        for _ in range(3):
+            async with locks.lock("job", ttl=2, timeout=10) as lease:
+                tokens.append(lease.fencing_token)
+        masters.servers[2].resume()
+        for _ in range(3):
+            async with locks.lock("job", ttl=2, timeout=10) as lease:
+                tokens.append(lease.fencing_token)
+        assert tokens == sorted(set(tokens))
+        await locks.settle()
+
+
+async def test_renewal_refused_by_a_quorum_cancels_the_body(masters: RedlockMasters) -> None:
+    ns = NS + "4"
+    reached = asyncio.Event()
+    cancelled = False
+    async with aiodlock.connect(masters.url, namespace=ns) as locks:
+        with pytest.raises(aiodlock.LockLostError):
+            async with locks.lock("job", ttl=0.6):
+                for i in (0, 1):  # the lease is gone from a quorum (expired, flushed...)
+                    raw = _raw(masters, i)
+                    try:
+                        assert await raw.delete(f"{{{ns}:job}}") == 1
+                    finally:
+                        await raw.aclose()
+                reached.set()
+                try:
+                    await asyncio.sleep(5)  # the next renewal (at ttl/3) is refused
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+        assert reached.is_set() and cancelled
+        await locks.settle()
+    assert await _keys(masters, 2, f"{{{ns}:job}}") == []  # released where it was left
+
+
+async def test_renewals_unanswered_by_a_quorum_lose_the_lease(masters: RedlockMasters) -> None:
+    async with aiodlock.connect(masters.url, namespace=NS + "5") as locks:
+        with pytest.raises(aiodlock.LockLostError):
+            async with locks.lock("job", ttl=0.6) as lease:
+                masters.servers[0].pause()
+                masters.servers[1].pause()
+                await asyncio.sleep(5)
+        assert lease.lost.is_set()
+
+
+async def test_drift_factor_shrinks_the_validity(masters: RedlockMasters) -> None:
+    loop = asyncio.get_running_loop()
+    # A keyword option wins over the query parameter.
+    url = masters.url + "?drift_factor=0.5"
+    async with (
+        aiodlock.connect(url, namespace=NS + "6") as wide,
+        aiodlock.connect(url, namespace=NS + "6", drift_factor=0.01) as narrow,
+    ):
+        async with wide.lock("a", ttl=4) as lease:
+            assert lease.valid_until - loop.time() <= 4 * (1 - 0.5)
+        async with narrow.lock("b", ttl=4) as lease:
+            assert lease.valid_until - loop.time() > 4 * (1 - 0.5)
+        await wide.settle()
+        await narrow.settle()
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 6])
+def test_masters_count_must_be_odd_and_at_least_three(count: int) -> None:
+    hosts = ",".join(f"127.0.0.1:{7000 + i}" for i in range(count))
+    with pytest.raises(ValueError, match=f"names {count}"):
+        aiodlock.connect(f"redlock://:s3cret@{hosts}/0")
+
+
+async def test_password_never_shown(masters: RedlockMasters) -> None:
+    hosts = masters.url.removeprefix("redlock://")
+    with pytest.raises(aiodlock.BackendError) as caught:
+        async with aiodlock.connect(f"redlock://:s3cret@{hosts}", connect_timeout=2):
+            pass  # the masters have no password: AUTH fails
+    assert "s3cret" not in str(caught.value)
+    locks = aiodlock.connect(f"redlock://:s3cret@{hosts}")
+    assert "s3cret" not in repr(locks)
+
+
+async def test_failed_attempt_leaves_nothing_on_any_master(masters: RedlockMasters) -> None:
+    """A holds the lock on masters 0 and 1 only; B's attempt is refused there and granted on
+    master 2, which is stopped while B asks and answers after B gave up: B's release, sent
+    there once that attempt has landed, removes it."""
+    ns = NS + "7"
+    async with (
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns, socket_timeout=5) as b,
+    ):
+        async with a.lock("job", ttl=5) as lease:
+            raw = _raw(masters, 2)
+            try:
+                assert await raw.delete(f"{{{ns}:job}}") == 1
+            finally:
+                await raw.aclose()
+            masters.servers[2].pause()
+            assert await b.lock("job", ttl=5).try_acquire() is None
+            masters.servers[2].resume()
+            await b.settle()
+            assert await _keys(masters, 2, f"{{{ns}:job}}") == []
+            lease.assert_held()
+        await a.settle()
+    for i in range(3):
+        assert await _keys(masters, i, f"{{{ns}:job}}") == []
+
+
+async def test_inspect_and_break(masters: RedlockMasters) -> None:
+    from aiodlock.backends import Breaker, Inspector, Kind, LockSpec
+
+    ns = NS + "8"
+    async with aiodlock.connect(masters.url, namespace=ns) as locks:
+        backend = locks.backend
+        assert isinstance(backend, Inspector) and isinstance(backend, Breaker)
+        with pytest.raises(aiodlock.LockLostError):
+            async with locks.lock("job", ttl=0.9) as lease:
+                found = await backend.inspect(ns)
+                assert [(i.name, i.kind, len(i.holders)) for i in found] == [("job", Kind.MUTEX, 1)]
+                assert found[0].fencing_token is not None
+                assert found[0].fencing_token >= lease.fencing_token
+                assert await backend.break_lock(LockSpec(ns, "job", Kind.MUTEX)) == 1
+                await asyncio.sleep(5)  # the next renewal is refused
+        assert await backend.inspect(ns) == []
+        async with locks.lock("job", ttl=2) as after:
+            assert after.fencing_token > lease.fencing_token
+        await locks.settle()
+
+
+async def test_giving_back_a_late_attempt_never_deletes_the_next_grant(
+    masters: RedlockMasters,
+) -> None:
+    """An attempt that master 2 (stopped) answers late is given back there once its reply is
+    in; the owner's next attempt on master 2 is sent only after that release, so the release
+    cannot delete what the next attempt grants."""
+    from aiodlock.backends import Busy, Grant, Kind, LockSpec
+
+    ns = NS + "9"
+    spec = LockSpec(ns, "job", Kind.MUTEX)
+    owner = "ab" * 12
+    async with (
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns, socket_timeout=5) as b,
+    ):
+        held = await a.lock("job", ttl=5).acquire()
+        raw = _raw(masters, 2)
+        try:
+            assert await raw.delete(f"{{{ns}:job}}") == 1  # A holds masters 0 and 1 only
+            masters.servers[2].pause()
+            assert isinstance(await b.backend.try_acquire(spec, owner, 5.0), Busy)
+            await held.release()
+            granted = await b.backend.try_acquire(spec, owner, 5.0)  # masters 0 and 1
+            assert isinstance(granted, Grant)
+            masters.servers[2].resume()
+            await b.settle()
+            # Master 2 granted the first attempt late, that grant was given back, and then
+            # the second attempt was granted there too: the lease is on all three.
+            for i in range(3):
+                key = _raw(masters, i)
+                try:
+                    assert await key.get(f"{{{ns}:job}}") == owner.encode(), f"master {i}"
+                finally:
+                    await key.aclose()
+            assert await b.backend.release(spec, owner)
+            await b.settle()
+        finally:
+            await raw.aclose()
+        await a.settle()
+    for i in range(3):
+        assert await _keys(masters, i, f"{{{ns}:job}}") == []
+
+
+async def test_tls_to_every_master(tls_files: TLSFiles) -> None:
+    """``?ssl=true`` with the ``ssl_*`` options of ``rediss://``: three TLS-only masters; a
+    waiter is woken by the release (pub/sub over TLS too)."""
+    from tests.servers import RedisTLSServer
+
+    servers = [RedisTLSServer(tls_files, auth_clients="optional") for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        hosts = ",".join(f"{s.host}:{s.port}" for s in servers)
+        url = f"redlock://{hosts}/0?ssl=true&ssl_ca_certs={tls_files.ca}"
+        async with (
+            aiodlock.connect(url, namespace="tls") as a,
+            aiodlock.connect(url, namespace="tls") as b,
+        ):
+            first = await a.lock("k", ttl=30).acquire()
+            waiting = asyncio.ensure_future(b.lock("k", ttl=30).acquire(timeout=10))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            await first.release()
+            second = await waiting  # woken by the release, not by the 30 s expiry
+            assert second.fencing_token > first.fencing_token
+            await second.release()
+        with pytest.raises(aiodlock.BackendError):  # plain TCP to a TLS-only master fails
+            async with aiodlock.connect(f"redlock://{hosts}/0", connect_timeout=1):
+                pass
+    finally:
+        for server in servers:
+            server.close()
+
+
+async def test_master_killed_and_restarted_empty_under_load(masters: RedlockMasters) -> None:
+    """Two clients, two workers each, take one lock in a loop while master 1 is killed and
+    restarted empty. Holders that were told nothing never overlapped; a holder whose lease
+    did not survive is told (``LockLostError``); tokens only grow, across the restart too."""
+    from aiodlock.testing import Hold
+
+    clean: list[Hold] = []
+    lost = 0
+    stop = asyncio.Event()
+
+    async def worker(client: aiodlock.LockClient, who: str) -> None:
+        nonlocal lost
+        while not stop.is_set():
+            try:
+                async with client.lock("job", ttl=1, timeout=10) as lease:
+                    start = time.monotonic()
+                    await asyncio.sleep(0.003)
+                    end = time.monotonic()
+                clean.append(Hold(who, lease.fencing_token, start, end))
+            except aiodlock.LockLostError:
+                lost += 1
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(30):
+            while len(clean) < count:  # noqa: ASYNC110 - progress of other tasks
+                await asyncio.sleep(0.01)
+
+    async with (
+        aiodlock.connect(masters.url, namespace=NS + "10") as a,
+        aiodlock.connect(masters.url, namespace=NS + "10") as b,
+    ):
+        async with asyncio.TaskGroup() as tg:
+            for c, client in enumerate((a, b)):
+                for w in range(2):
+                    tg.create_task(worker(client, f"c{c}w{w}"))
+            await until(20)
+            await asyncio.to_thread(masters.servers[1].kill)
+            await until(40)
+            await asyncio.to_thread(masters.servers[1].start)  # empty: no persistence
+            await until(len(clean) + 20)
+            stop.set()
+        await a.settle()
+        await b.settle()
+    History(clean).check(max_holders=1)
+    ordered = sorted(clean, key=lambda hold: hold.start)
+    assert [h.token for h in ordered] == sorted({h.token for h in ordered})
