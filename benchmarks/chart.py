@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .report import BACKEND_TITLES
+
 __all__ = ["write"]
 
 COLORS = {"aiodlock": "#2b7bba", "incumbent": "#e08a2c", "floor": "#888888",
@@ -22,8 +24,7 @@ def write(doc: Mapping[str, Any], path: Path) -> None:
     libs = doc["libraries"]
     rows = [r for r in doc["results"] if r["scenario"] in ("contended", "contended_procs")
             and r["median"] and isinstance(r["median"].get("throughput"), int | float)]  # fmt: skip
-    order = {"redis": 0, "redis-cluster": 1, "zookeeper": 2, "etcd": 3, "mysql": 4,
-             "postgres": 5, "none": 6}  # fmt: skip
+    order = {backend: i for i, backend in enumerate([*BACKEND_TITLES, "none"])}
     catalogue = list(libs)
     rows.sort(key=lambda r: (order[libs[r["library"]]["backend"]], catalogue.index(r["library"]),
                              r["scenario"], r["loop"]))  # fmt: skip

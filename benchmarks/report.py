@@ -21,7 +21,10 @@ ROLE_ORDER = {"floor": 0, "aiodlock": 1, "incumbent": 2, "reference": 3}
 BACKEND_TITLES = {
     "redis": "Redis",
     "redis-cluster": "Redis Cluster",
+    "redis-sentinel": "Redis Sentinel",
+    "redlock": "Redlock (3 masters)",
     "zookeeper": "ZooKeeper",
+    "zookeeper-ensemble": "ZooKeeper ensemble (3 nodes)",
     "etcd": "etcd",
     "mysql": "MySQL (MariaDB)",
     "postgres": "PostgreSQL",

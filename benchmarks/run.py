@@ -34,7 +34,8 @@ from benchmarks.adapters import LIBRARIES, Library  # noqa: E402
 from benchmarks.config import FULL, QUICK, Settings  # noqa: E402
 from benchmarks.servers import Server, started  # noqa: E402
 
-BACKENDS = ("redis", "redis-cluster", "zookeeper", "etcd", "mysql", "postgres")
+BACKENDS = ("redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper",
+            "zookeeper-ensemble", "etcd", "mysql", "postgres")
 LOOPS = ("asyncio", "uvloop")
 _SLACK = 90.0  # seconds a cell may take beyond its own planned time before it is killed
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import pytest
 
 import aiodlock
 from aiodlock.testing import History
+from tests.helpers import wait_until
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -380,3 +382,37 @@ async def test_master_killed_and_restarted_empty_under_load(masters: RedlockMast
     History(clean).check(max_holders=1)
     ordered = sorted(clean, key=lambda hold: hold.start)
     assert [h.token for h in ordered] == sorted({h.token for h in ordered})
+
+
+async def test_a_woken_waiter_asks_the_arbiter_master_first(masters: RedlockMasters) -> None:
+    """Waiters woken by one release, in several processes, would split the masters' votes if
+    each asked all of them at once; so a woken waiter asks the name's arbiter master first
+    (the same for a name everywhere) and the others only once it granted. Here the arbiter
+    holds another owner's key, as if a waiter elsewhere had won it there, while the two other
+    masters are free: the woken waiter is refused and takes the lock only once that key has
+    expired. Had it asked every master at once, it would hold the two free ones at once."""
+    name, ns = "arbiter", NS + "arbiter"
+    tag = f"{{{ns}:{name}}}"
+    arbiter = zlib.crc32(tag.encode()) % len(masters.servers)  # restated: private
+    loop = asyncio.get_running_loop()
+    async with (
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns) as b,
+    ):
+        first = await a.lock(name, ttl=5).acquire()
+        waiting = b.lock(name, ttl=5)
+        task = asyncio.create_task(waiting.acquire(timeout=10))
+        await wait_until(lambda: waiting.statistics().waiting == 1)
+        raw = _raw(masters, arbiter)
+        try:
+            assert await raw.set(tag, "someone-else", xx=True, px=1000)
+        finally:
+            await raw.aclose()
+        released = loop.time()
+        await first.release()  # refused by the arbiter (not ours there), done on the others
+        second = await task
+        try:
+            assert loop.time() - released >= 0.8
+            assert second.fencing_token > first.fencing_token
+        finally:
+            await second.release()

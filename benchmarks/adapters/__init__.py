@@ -25,7 +25,7 @@ class Library:
 
     key: str
     label: str
-    backend: str  # "redis" | "zookeeper" | "etcd" | "mysql" | "postgres" | "none"
+    backend: str  # a deployment: "redis", "redis-cluster", "zookeeper-ensemble", ..., "none"
     role: Role
     module: str
     cls: str
@@ -41,7 +41,7 @@ class Library:
         module = importlib.import_module(f"{__name__}.{self.module}")
         factory = getattr(module, self.cls)
         kwargs: dict[str, object] = dict(self.options)
-        if self.backend == "zookeeper":
+        if endpoint.family in ("zookeeper", "etcd") and self.role != "reference":
             kwargs["session_timeout"] = session_timeout
         adapter = factory(endpoint, **kwargs)
         assert isinstance(adapter, AsyncAdapter | SyncAdapter)
@@ -61,7 +61,7 @@ LIBRARIES: tuple[Library, ...] = (
             "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "redis"),
             {"query": "wakeup=blpop"}),
     Library("aiodlock-redis-fair", "aiodlock redis:// fair=True (pub/sub)", "redis",
-            "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, ("contended",),
+            "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, ("contended", "contended_procs"),
             ("aiodlock", "redis"), {"fair": "1"}),
     Library("redis-py", "redis-py asyncio Lock (sleep=0.1)", "redis", "incumbent", "redis_py",
             "RedisPyLockAdapter", True, ("uncontended", *_WAITING), ("redis",)),
@@ -81,11 +81,32 @@ LIBRARIES: tuple[Library, ...] = (
             "redis-cluster", "floor", "raw", "RawRedisCluster", True, ("uncontended",),
             ("redis", "hiredis")),
     Library("aiodlock-cluster-pubsub", "aiodlock redis+cluster:// (sharded pub/sub)",
-            "redis-cluster", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True,
-            ("uncontended", "contended"), ("aiodlock", "redis")),
+            "redis-cluster", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK,
+            ("aiodlock", "redis")),
     Library("aiodlock-cluster-blpop", "aiodlock redis+cluster://?wakeup=blpop",
             "redis-cluster", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True,
             ("uncontended", "contended"), ("aiodlock", "redis"), {"query": "wakeup=blpop"}),
+    # ------------------------------------------------------------------ Redis Sentinel
+    Library("raw-redis-sentinel", "raw floor: SET NX PX + EVALSHA (master from Sentinel)",
+            "redis-sentinel", "floor", "raw", "RawRedisSentinel", True, ("uncontended",),
+            ("redis", "hiredis")),
+    Library("aiodlock-sentinel", "aiodlock redis+sentinel:// (pub/sub)", "redis-sentinel",
+            "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK,
+            ("aiodlock", "redis")),
+    # ------------------------------------------------------------------ Redlock, 3 masters
+    Library("raw-redlock", "raw floor: SET NX PX + EVALSHA, each on a quorum of 3", "redlock",
+            "floor", "raw", "RawRedlock", True, ("uncontended",), ("redis", "hiredis")),
+    Library("aiodlock-redlock", "aiodlock redlock:// (3 masters)", "redlock", "aiodlock",
+            "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "redis")),
+    Library("pottery-async-redlock", "pottery AIORedlock, 3 masters", "redlock", "incumbent",
+            "pottery_lib", "PotteryAsyncAdapter", True, ("uncontended", *_WAITING),
+            ("pottery", "redis")),
+    Library("pottery-sync-redlock", "pottery Redlock, 3 masters (threads)", "redlock",
+            "incumbent", "pottery_lib", "PotterySyncAdapter", False, ("uncontended", *_WAITING),
+            ("pottery", "redis")),
+    Library("aioredlock-redlock", "aioredlock, 3 masters", "redlock", "incumbent",
+            "aioredlock_lib", "AioredlockAdapter", True, ("uncontended", *_WAITING),
+            ("aioredlock", "aioredis")),
     # ------------------------------------------------------------------ ZooKeeper
     Library("raw-zookeeper", "raw floor: create + get_children + delete", "zookeeper", "floor",
             "raw", "RawZooKeeper", True, ("uncontended",), ("aiozk",)),
@@ -95,14 +116,25 @@ LIBRARIES: tuple[Library, ...] = (
             "KazooLockAdapter", False, ("uncontended", *_WAITING), ("kazoo",)),
     Library("aiozk", "aiozk recipes.Lock", "zookeeper", "incumbent", "aiozk_lib",
             "AiozkLockAdapter", True, ("uncontended", *_WAITING), ("aiozk",)),
+    # ------------------------------------------------------------------ ZooKeeper, 3 nodes
+    Library("raw-zookeeper-ensemble", "raw floor: create + get_children + delete",
+            "zookeeper-ensemble", "floor", "raw", "RawZooKeeper", True, ("uncontended",),
+            ("aiozk",)),
+    Library("aiodlock-zookeeper-ensemble", "aiodlock zookeeper://h1,h2,h3",
+            "zookeeper-ensemble", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True,
+            _AIODLOCK, ("aiodlock", "aiozk")),
+    Library("kazoo-ensemble", "kazoo Lock (threads)", "zookeeper-ensemble", "incumbent",
+            "kazoo_lib", "KazooLockAdapter", False, ("uncontended", *_WAITING), ("kazoo",)),
+    Library("aiozk-ensemble", "aiozk recipes.Lock", "zookeeper-ensemble", "incumbent",
+            "aiozk_lib", "AiozkLockAdapter", True, ("uncontended", "contended_procs"),
+            ("aiozk",)),
     # ------------------------------------------------------------------ etcd
     Library("raw-etcd", "raw floor: txn (put if absent + list) + delete", "etcd", "floor",
             "raw", "RawEtcd", True, ("uncontended",), ("aetcd", "grpcio")),
-    # (Not yet: the waiters and handoff scenarios, whose probes do not know etcd.)
     Library("aiodlock-etcd", "aiodlock etcd://", "etcd", "aiodlock", "aiodlock_lib",
-            "AiodlockAdapter", True, ("uncontended", "contended"), ("aiodlock", "aetcd")),
+            "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "aetcd")),
     Library("aetcd", "aetcd Lock", "etcd", "incumbent", "aetcd_lib", "AetcdLockAdapter", True,
-            ("uncontended", "contended"), ("aetcd",)),
+            ("uncontended", *_WAITING), ("aetcd",)),
     # ------------------------------------------------------------------ MySQL / MariaDB
     Library("raw-mysql", "raw floor: GET_LOCK + RELEASE_LOCK", "mysql", "floor", "raw",
             "RawMySQL", True, ("uncontended",), ("aiomysql",)),

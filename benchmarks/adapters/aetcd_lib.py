@@ -29,7 +29,7 @@ class AetcdLockAdapter(AsyncAdapter):
     async def open(self) -> None:
         import aetcd
 
-        self._client = aetcd.Client(host=self.endpoint.host, port=self.endpoint.port)
+        self._client = aetcd.Client(host=self.endpoint.host, port=self.endpoint.port)  # one member
         await self._client.connect()
 
     async def close(self) -> None:
@@ -38,6 +38,9 @@ class AetcdLockAdapter(AsyncAdapter):
 
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
         return self._hold(name, max(1, round(ttl)))
+
+    def crash_lease(self, *, ttl: float, session_timeout: float) -> float:
+        return float(max(1, round(ttl)))  # the lease of the lock itself
 
     @asynccontextmanager
     async def _hold(self, name: str, ttl: int) -> AsyncIterator[object]:

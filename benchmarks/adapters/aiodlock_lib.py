@@ -32,10 +32,11 @@ class AiodlockAdapter(AsyncAdapter):
         super().__init__(endpoint)
         self.fair = bool(fair)
         params = [query] if query else []
-        if endpoint.backend == "zookeeper":
+        self._session_ttl = float(max(2, round(session_timeout)))
+        if endpoint.family == "zookeeper":
             params.append(f"session_timeout={session_timeout:g}")
-        if endpoint.backend == "etcd":  # a lease of whole seconds
-            params.append(f"session_ttl={max(2, round(session_timeout))}")
+        if endpoint.family == "etcd":  # a lease of whole seconds
+            params.append(f"session_ttl={self._session_ttl:g}")
         self.url = endpoint.url + ("?" + "&".join(params) if params else "")
         self._client: aiodlock.LockClient | None = None
 
@@ -56,4 +57,9 @@ class AiodlockAdapter(AsyncAdapter):
         return self.client.lock(name, ttl=ttl, fair=self.fair)
 
     def server_key(self, name: str) -> str | None:
-        return f"{{{NAMESPACE}:{name}}}" if self.endpoint.backend == "redis" else None
+        return f"{{{NAMESPACE}:{name}}}" if self.endpoint.family in ("redis", "redlock") else None
+
+    def crash_lease(self, *, ttl: float, session_timeout: float) -> float:
+        if self.endpoint.family == "etcd":
+            return self._session_ttl
+        return super().crash_lease(ttl=ttl, session_timeout=session_timeout)

@@ -23,7 +23,8 @@ class AioredlockAdapter(AsyncAdapter):
     _manager: Any = None
 
     async def open(self) -> None:
-        self._manager = Aioredlock([{"host": self.endpoint.host, "port": self.endpoint.port}])
+        # One master, or every master of a redlock:// endpoint.
+        self._manager = Aioredlock([{"host": h, "port": p} for h, p in self.endpoint.nodes])
 
     async def close(self) -> None:
         if self._manager is not None:

@@ -17,6 +17,13 @@ from urllib.parse import unquote, urlsplit
 
 __all__ = ["POOL_SIZE", "AsyncAdapter", "Endpoint", "SyncAdapter"]
 
+_FAMILIES = {
+    "redis-cluster": "redis",
+    "redis-sentinel": "redis",
+    "zookeeper-ensemble": "zookeeper",
+    "etcd-cluster": "etcd",
+}
+
 POOL_SIZE = 2000
 """Connection-pool ceiling given to the incumbents' redis-py clients. redis-py 8 defaults to
 100, and then 900 of 1000 concurrent waiters fail with ``MaxConnectionsError``: raised so that
@@ -31,19 +38,35 @@ class Endpoint:
     url: str
 
     @property
+    def family(self) -> str:
+        """The kind of server: ``redis`` (also a Cluster or a Sentinel-watched master),
+        ``redlock`` (independent Redis masters), ``zookeeper``, ``etcd``, ``mysql``,
+        ``postgres``; the backend names a deployment of one (``zookeeper-ensemble``)."""
+        return _FAMILIES.get(self.backend, self.backend)
+
+    @property
+    def nodes(self) -> list[tuple[str, int]]:
+        """Every ``(host, port)`` of the URL (several for a cluster, an ensemble, sentinels
+        or Redlock's masters)."""
+        netloc = urlsplit(self.url).netloc.rpartition("@")[2]
+        found = []
+        for node in netloc.split(","):
+            host, _, port = node.rpartition(":")
+            found.append((host or "127.0.0.1", int(port)))
+        return found
+
+    @property
     def host(self) -> str:
-        return urlsplit(self.url).hostname or "127.0.0.1"
+        return self.nodes[0][0]
 
     @property
     def port(self) -> int:
-        port = urlsplit(self.url).port
-        assert port is not None, self.url
-        return port
+        return self.nodes[0][1]
 
     @property
     def hosts(self) -> str:
-        """``host:port``, as ZooKeeper clients take it."""
-        return f"{self.host}:{self.port}"
+        """``host:port[,host:port...]``, as ZooKeeper and etcd clients take it."""
+        return ",".join(f"{host}:{port}" for host, port in self.nodes)
 
     @property
     def user(self) -> str:
@@ -68,6 +91,14 @@ class _Adapter:
     def server_key(self, name: str) -> str | None:
         """The Redis key whose expiry frees lock ``name`` (for the handoff scenario)."""
         return None
+
+    def crash_lease(self, *, ttl: float, session_timeout: float) -> float:
+        """How long after a holder process dies its lock is freed, where no key's expiry
+        tells (the handoff scenario): a ZooKeeper session's timeout, an etcd lease's TTL;
+        0 where the server frees it with the connection."""
+        if self.endpoint.family == "zookeeper":
+            return session_timeout
+        return 0.0
 
 
 class AsyncAdapter(_Adapter, ABC):

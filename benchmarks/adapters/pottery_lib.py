@@ -1,4 +1,5 @@
-"""pottery's ``Redlock`` (blocking) and ``AIORedlock`` (asyncio), each with a single master."""
+"""pottery's ``Redlock`` (blocking) and ``AIORedlock`` (asyncio), on one master (``redis``) or
+on every master of a ``redlock://`` endpoint."""
 
 from __future__ import annotations
 
@@ -14,46 +15,48 @@ __all__ = ["PotteryAsyncAdapter", "PotterySyncAdapter"]
 
 
 class PotterySyncAdapter(SyncAdapter):
-    """``with Redlock(key=name, masters={client}, auto_release_time=ttl)``."""
+    """``with Redlock(key=name, masters={client, ...}, auto_release_time=ttl)``."""
 
     backend = "redis"
-    _redis: redis.Redis | None = None
+    _masters: tuple[redis.Redis, ...] = ()
 
     def open(self) -> None:
-        self._redis = redis.Redis(
-            host=self.endpoint.host, port=self.endpoint.port, max_connections=POOL_SIZE
+        self._masters = tuple(
+            redis.Redis(host=host, port=port, max_connections=POOL_SIZE)
+            for host, port in self.endpoint.nodes
         )
 
     def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
+        for master in self._masters:
+            master.close()
 
     def hold(self, name: str, *, ttl: float) -> AbstractContextManager[object]:
-        assert self._redis is not None, "not open"
-        return Redlock(key=name, masters={self._redis}, auto_release_time=ttl)
+        assert self._masters, "not open"
+        return Redlock(key=name, masters=set(self._masters), auto_release_time=ttl)
 
     def server_key(self, name: str) -> str | None:
         return f"redlock:{name}"
 
 
 class PotteryAsyncAdapter(AsyncAdapter):
-    """``async with AIORedlock(key=name, masters={client}, auto_release_time=ttl)``."""
+    """``async with AIORedlock(key=name, masters={client, ...}, auto_release_time=ttl)``."""
 
     backend = "redis"
-    _redis: aioredis.Redis | None = None
+    _masters: tuple[aioredis.Redis, ...] = ()
 
     async def open(self) -> None:
-        self._redis = aioredis.Redis(
-            host=self.endpoint.host, port=self.endpoint.port, max_connections=POOL_SIZE
+        self._masters = tuple(
+            aioredis.Redis(host=host, port=port, max_connections=POOL_SIZE)
+            for host, port in self.endpoint.nodes
         )
 
     async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        for master in self._masters:
+            await master.aclose()
 
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
-        assert self._redis is not None, "not open"
-        return AIORedlock(key=name, masters={self._redis}, auto_release_time=ttl)
+        assert self._masters, "not open"
+        return AIORedlock(key=name, masters=set(self._masters), auto_release_time=ttl)
 
     def server_key(self, name: str) -> str | None:
         return f"redlock:{name}"

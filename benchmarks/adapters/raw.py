@@ -6,12 +6,18 @@ Each one takes the lock only when it is free (the uncontended scenario); it neve
   directly): ``SET name token NX PX ttl``, then a compare-and-delete script by ``EVALSHA``.
 - ZooKeeper (aiozk): create an ephemeral sequential node, ``get_children`` of its parent
   (the lock check), delete the node.
+- Redis Cluster and Sentinel: the same, through redis-py's ``RedisCluster`` (routed to the
+  key's master) and the master ``Sentinel`` names.
+- Redlock (independent masters): the same two commands sent to every master at once, each
+  step awaited until a quorum has answered (the stragglers' replies are collected before the
+  next cycle): two quorum round trips.
 - MySQL (aiomysql): ``SELECT GET_LOCK(name, 0)`` and ``SELECT RELEASE_LOCK(name)`` on one
   connection, through one cursor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 from collections.abc import AsyncIterator
@@ -20,7 +26,16 @@ from typing import Any
 
 from .base import AsyncAdapter, Endpoint
 
-__all__ = ["RawEtcd", "RawMySQL", "RawPostgres", "RawRedis", "RawRedisCluster", "RawZooKeeper"]
+__all__ = [
+    "RawEtcd",
+    "RawMySQL",
+    "RawPostgres",
+    "RawRedis",
+    "RawRedisCluster",
+    "RawRedisSentinel",
+    "RawRedlock",
+    "RawZooKeeper",
+]
 
 COMPARE_AND_DELETE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -89,6 +104,82 @@ class RawRedisCluster(RawRedis):
             host=host, port=int(port), protocol=2, retry=Retry(NoBackoff(), 0)
         )
         self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
+
+
+class RawRedisSentinel(RawRedis):
+    """:class:`RawRedis` on the master that the sentinels of a ``redis+sentinel://`` URL name."""
+
+    backend = "redis-sentinel"
+
+    async def open(self) -> None:
+        from redis.asyncio.retry import Retry
+        from redis.asyncio.sentinel import Sentinel
+        from redis.backoff import NoBackoff
+
+        service = self.endpoint.database.split("/")[0]
+        sentinel = Sentinel(self.endpoint.nodes)
+        self._redis = sentinel.master_for(service, protocol=2, retry=Retry(NoBackoff(), 0))
+        self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
+
+
+class RawRedlock(AsyncAdapter):
+    """``SET NX PX`` on every master of a ``redlock://`` URL at once, done when a quorum has
+    said yes; the compare-and-delete likewise."""
+
+    backend = "redlock"
+
+    def __init__(self, endpoint: Endpoint, **_: object) -> None:
+        super().__init__(endpoint)
+        self._masters: list[Any] = []
+        self._sha = ""
+        self._stragglers: list[asyncio.Future[Any]] = []
+
+    async def open(self) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self._masters = [
+            aioredis.Redis(host=host, port=port, protocol=2, retry=Retry(NoBackoff(), 0))
+            for host, port in self.endpoint.nodes
+        ]
+        for master in self._masters:
+            self._sha = await master.script_load(COMPARE_AND_DELETE)
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._stragglers, return_exceptions=True)
+        for master in self._masters:
+            await master.aclose()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(name, max(1, math.ceil(ttl * 1000)))
+
+    async def _quorum(self, *command: object) -> int:
+        """How many of the first quorum of replies were true."""
+        futures = [asyncio.ensure_future(m.execute_command(*command)) for m in self._masters]
+        need, yes = len(futures) // 2 + 1, 0
+        for answered, reply in enumerate(asyncio.as_completed(futures), start=1):
+            yes += bool(await reply)
+            if answered == need:
+                break
+        self._stragglers += futures
+        return yes
+
+    @asynccontextmanager
+    async def _hold(self, name: str, ms: int) -> AsyncIterator[object]:
+        # The last cycle's third replies (long in by now), so no task outlives its cycle.
+        await asyncio.gather(*self._stragglers)
+        self._stragglers.clear()
+        token = secrets.token_hex(12)
+        if await self._quorum("SET", name, token, "NX", "PX", ms) < len(self._masters) // 2 + 1:
+            raise NotFreeError(name)
+        try:
+            yield token
+        finally:
+            await self._quorum("EVALSHA", self._sha, 1, name, token)
+
+    def server_key(self, name: str) -> str | None:
+        return name
 
 
 class RawZooKeeper(AsyncAdapter):

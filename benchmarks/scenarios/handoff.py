@@ -7,8 +7,12 @@ became free on the server:
 
 - Redis: the lock key's expiry, read with ``PTTL`` right after the holder took it (see
   :func:`.probes.key_expiry`); the uncertainty (half the PTTL round trip + 0.5 ms) is reported.
+  On a Cluster, the key's master; on Sentinel, the master; on Redlock's masters, the expiry
+  that frees a quorum of them.
 - ZooKeeper: the holder's exit + its session timeout (the server deletes the ephemeral node
   when it expires the session, on its own tick, up to one tick later).
+- etcd: the holder's exit + its lease's TTL (the leader revokes an expired lease on its own
+  schedule, checked every 500 ms).
 - MySQL: the holder's exit (the server drops the lock when the connection closes).
 """
 
@@ -55,15 +59,14 @@ async def run(
             if line.strip() != b"held":
                 raise RuntimeError(f"the holder did not take the lock: {line!r}")
             key = adapter.server_key(lock_name)
-            if adapter.endpoint.backend == "redis":
+            if adapter.endpoint.family in ("redis", "redlock"):
                 assert key is not None, "a Redis adapter names its key"
                 freed, uncertainty = await key_expiry(adapter.endpoint, key)
                 await proc.wait()
             else:
                 await proc.wait()
                 freed, uncertainty = time.perf_counter(), 0.0
-                if adapter.endpoint.backend == "zookeeper":
-                    freed += session_timeout
+                freed += adapter.crash_lease(ttl=ttl, session_timeout=session_timeout)
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -79,8 +82,9 @@ async def run(
         "handoff_min": min(handoffs) * 1e3,
         "uncertainty_ms": max(uncertainties) * 1e3,
         "freed_by": {"redis": "key expiry (PTTL)", "zookeeper": "holder exit + session timeout",
-                     "mysql": "holder exit",
-                     "postgres": "holder exit"}.get(adapter.endpoint.backend, "?"),
+                     "redlock": "a quorum of key expiries (PTTL)",
+                     "etcd": "holder exit + lease TTL", "mysql": "holder exit",
+                     "postgres": "holder exit"}.get(adapter.endpoint.family, "?"),
     }  # fmt: skip
 
 

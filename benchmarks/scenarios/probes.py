@@ -28,15 +28,21 @@ class ConnectionCounter:
     """Client connections the server has now, its own probe connection included.
 
     Redis: ``INFO clients`` connected_clients; ZooKeeper: ``mntr`` zk_num_alive_connections;
-    MySQL: ``Threads_connected``; PostgreSQL: client backends in ``pg_stat_activity``.
+    MySQL: ``Threads_connected``; PostgreSQL: client backends in ``pg_stat_activity``. Where
+    one server cannot tell (a Redis Cluster, Sentinel or Redlock's masters, a ZooKeeper
+    ensemble, etcd, which has no such counter): the TCP connections this process has open,
+    which is the same thing here, since the scenario's clients all live in this process.
     """
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self._client: Any = None
+        self._own = endpoint.backend not in ("redis", "zookeeper", "mysql", "postgres")
 
     async def open(self) -> None:
         e = self.endpoint
+        if self._own:
+            return
         if e.backend == "redis":
             import redis.asyncio as aioredis
 
@@ -57,6 +63,11 @@ class ConnectionCounter:
 
     async def count(self) -> int:
         e = self.endpoint
+        if self._own:
+            import psutil  # type: ignore[import-untyped]  # no stubs in the dev environment
+
+            established = psutil.Process().net_connections(kind="tcp")
+            return sum(1 for c in established if c.status == psutil.CONN_ESTABLISHED)
         if e.backend == "redis":
             info = await self._client.info("clients")
             return int(info["connected_clients"])
@@ -95,11 +106,32 @@ async def key_expiry(endpoint: Endpoint, key: str) -> tuple[float, float]:
 
     ``PTTL`` says how many whole milliseconds the key has left when the server ran it (the
     true rest is up to 1 ms more), at a moment between our send and our receive: midpoint +
-    PTTL + 0.5 ms, ± half the round trip + 0.5 ms.
+    PTTL + 0.5 ms, ± half the round trip + 0.5 ms. On a Cluster the key's master answers, on
+    Sentinel the master the sentinels name; on Redlock's masters the lock is free once a
+    quorum of the copies expired: the quorum-th expiry of them.
     """
     import redis.asyncio as aioredis
 
-    client = aioredis.Redis(host=endpoint.host, port=endpoint.port)
+    if endpoint.backend == "redlock":
+        nodes = endpoint.nodes
+        # A master the holder did not reach (it took a quorum and died) is free already.
+        found = [
+            await _expiry(aioredis.Redis(host=h, port=p), key, missing_ok=True) for h, p in nodes
+        ]
+        found.sort()
+        return found[len(nodes) // 2][0], max(u for _, u in found)
+    if endpoint.backend == "redis-cluster":
+        host, port = endpoint.nodes[0]
+        return await _expiry(aioredis.RedisCluster(host=host, port=port), key)
+    if endpoint.backend == "redis-sentinel":
+        from redis.asyncio.sentinel import Sentinel
+
+        service = endpoint.database.split("/")[0]
+        return await _expiry(Sentinel(endpoint.nodes).master_for(service), key)
+    return await _expiry(aioredis.Redis(host=endpoint.host, port=endpoint.port), key)
+
+
+async def _expiry(client: Any, key: str, *, missing_ok: bool = False) -> tuple[float, float]:
     try:
         await client.ping()
         sent = time.perf_counter()
@@ -107,6 +139,8 @@ async def key_expiry(endpoint: Endpoint, key: str) -> tuple[float, float]:
         received = time.perf_counter()
     finally:
         await client.aclose()
+    if pttl == -2 and missing_ok:
+        return sent, (received - sent) / 2 + 0.0005
     if pttl < 0:
         raise RuntimeError(f"key {key!r} has no expiry to wait for (PTTL {pttl})")
     return (sent + received) / 2 + pttl / 1000.0 + 0.0005, (received - sent) / 2 + 0.0005

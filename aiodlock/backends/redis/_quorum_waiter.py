@@ -35,17 +35,20 @@ class QuorumWaiter:
     are back, and its attempts report them down (``BackendError``) or its deadline passes.
     """
 
-    __slots__ = ("_armed", "_need", "_spawn", "_tasks", "_waiters")
+    __slots__ = ("_armed", "_left", "_need", "_spawn", "_tasks", "_waiters")
 
     def __init__(
         self,
         waiters: list[PubSubWaiter],
         need: int,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any] | None],
+        *,
+        left: Callable[[], object] = lambda: None,
     ) -> None:
         self._waiters = waiters
         self._need = need
         self._spawn = spawn
+        self._left = left  # called once the waiter has left (entered or not)
         self._armed: list[PubSubWaiter] = []
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -83,6 +86,7 @@ class QuorumWaiter:
         await self._leave(failed=exc_type is not None)
 
     async def _leave(self, *, failed: bool) -> None:
+        self._left()
         for task in self._tasks:
             task.cancel()  # still arming: its waiter leaves as the cancellation lands
         armed, self._armed = self._armed, []

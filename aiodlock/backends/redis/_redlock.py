@@ -11,7 +11,9 @@ explains at length, in short:
   gives the core that deadline; a quorum read after it, when the loop stalled, is a lease
   lost at once). Otherwise it is released on every master that granted it *or did not
   answer* (its grant may still land), each release sent only once the attempt on that master
-  has landed.
+  has landed. A waiter's re-checks after a wakeup ask the name's *arbiter* master first and
+  the others only once it granted (:meth:`RedlockBackend._arbiter_first`): waiters of
+  several processes woken at once would otherwise split the masters' votes and all fail.
 - **Fencing** (ABD-style): every granting master answers with its own next token (its
   counter + 1, floored by its clock in µs); the token is the maximum over a quorum, and a
   second round trip writes it to a quorum with "set if greater" (``FENCE_RAISE``). Any two
@@ -38,6 +40,7 @@ import fnmatch
 import logging
 import math
 import secrets
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from functools import partial
@@ -78,6 +81,26 @@ def quorum(masters: int, spec: LockSpec) -> int:
     if spec.kind is Kind.SEMAPHORE:
         return masters * spec.limit // (spec.limit + 1) + 1
     return masters // 2 + 1
+
+
+NOT_ASKED: Final = (0, -2)
+"""The reply of a master an attempt skipped (:meth:`RedlockBackend._arbiter_first`): a
+refusal that names no wait, with nothing of ours to give back there."""
+
+
+def _arbiter(keys: Keys, masters: int) -> int:
+    """The master a name's woken waiters ask first: the same in every process."""
+    return zlib.crc32(keys.mutex_acquire[0]) % masters
+
+
+def _mirror(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+    """Give ``target`` the outcome of the finished ``source``."""
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
 
 
 def _lease_ms(ttl: float) -> int:
@@ -176,6 +199,7 @@ class RedlockBackend:
         # (owner, master index) -> the release giving back an attempt that master answered
         # too late (see _give_back)
         self._giving: dict[tuple[str, int], asyncio.Task[Any]] = {}
+        self._waiting: set[str] = set()  # owners inside waiter(): see _arbiter_first
         self._opened = False
         self._closed = False
 
@@ -285,10 +309,14 @@ class RedlockBackend:
         need = quorum(n, spec)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        futures = [
-            self._send_after_give_back(owner, i, source, script, script_keys, args)
-            for i, source in enumerate(self._sources)
-        ]
+        send = partial(self._send_after_give_back, owner, script=script, keys=script_keys,
+                       args=args)  # fmt: skip
+        # Done before giving back: the masters an attempt skipped so far stay unasked.
+        abandoned: asyncio.Future[None] = loop.create_future()
+        if owner in self._waiting and spec.kind is Kind.MUTEX:
+            futures = self._arbiter_first(send, _arbiter(keys, n), self._timeout(ttl), abandoned)
+        else:
+            futures = [send(i) for i in range(n)]
         flights = self._flights.setdefault(owner, {})
         for i, fut in enumerate(futures):
             flights[i] = fut
@@ -317,9 +345,11 @@ class RedlockBackend:
                     self._ttls[owner] = ttl
                     return Grant(token)
         except BaseException:
+            abandoned.set_result(None)
             self._give_back(spec, owner, rnd)  # in the background: we are leaving
             raise
         # Not ours: give back what was granted, and what may still be granted.
+        abandoned.set_result(None)
         answered_grants = self._give_back(spec, owner, rnd)
         if answered_grants:
             await asyncio.wait(answered_grants)
@@ -352,6 +382,58 @@ class RedlockBackend:
             expiry = max(waits[index] + 1, 1) / 1000.0
             retry = expiry if retry is None else min(retry, expiry)
         return Busy(retry)
+
+    def _arbiter_first(
+        self,
+        send: Callable[[int], asyncio.Future[Any]],
+        arbiter: int,
+        patience: float,
+        abandoned: asyncio.Future[None],
+    ) -> list[asyncio.Future[Any]]:
+        """A woken waiter's attempt: to the name's arbiter master first, to the others only
+        once the arbiter granted it (or did not answer within ``patience``).
+
+        When a release wakes waiters in several processes at once and each sends to every
+        master in parallel, the masters' votes split (each grants whoever came first there):
+        nobody reaches a quorum, everybody gives back, and the give-backs wake everybody
+        again. Asking one master first -- the same one for a name in every process -- lets
+        it pick the winner; the losers are refused there atomically and have nothing to
+        give back. A master that was not asked answers ``NOT_ASKED``, a refusal; so do the
+        others once the attempt is ``abandoned`` (given back: a release waiting for this
+        attempt on a master must not be waited for by it).
+        """
+        first = send(arbiter)
+
+        async def after(i: int, outcome: asyncio.Future[Any]) -> None:
+            try:
+                await asyncio.wait(
+                    (first, abandoned), timeout=patience, return_when=asyncio.FIRST_COMPLETED
+                )
+                answered = first.done() and not first.cancelled() and first.exception() is None
+                if abandoned.done() or (answered and first.result()[0] != 1):
+                    outcome.set_result(NOT_ASKED)
+                    return
+                sent = send(i)
+                await asyncio.wait((sent,))
+            except BaseException:
+                outcome.cancel()
+                raise
+            _mirror(sent, outcome)
+
+        loop = asyncio.get_running_loop()
+        futures = []
+        for i in range(len(self._sources)):
+            if i == arbiter:
+                futures.append(first)
+                continue
+            outcome: asyncio.Future[Any] = loop.create_future()
+            if self._spawn(after(i, outcome)) is None:
+                outcome.set_exception(self._closed_error())
+            futures.append(outcome)
+        return futures
+
+    def _closed_error(self) -> BackendError:
+        return BackendError(f"the redlock backend for {self._where} is closed")
 
     def _landed(self, owner: str, i: int, fut: asyncio.Future[Any]) -> None:
         flights = self._flights.get(owner)
@@ -413,13 +495,14 @@ class RedlockBackend:
         self,
         owner: str,
         i: int,
-        source: NodeSource,
+        *,
         script: lua.Script,
         keys: tuple[bytes, ...],
         args: tuple[Any, ...],
     ) -> asyncio.Future[Any]:
         """The attempt's command on master ``i``, sent at once -- or, if an earlier attempt of
         ``owner`` is still being given back there (its reply was late), right after that."""
+        source = self._sources[i]
         before = self._giving.get((owner, i))
         if before is None:
             return source.submit(lua.run, script, keys, *args)
@@ -433,15 +516,10 @@ class RedlockBackend:
             except BaseException:
                 outcome.cancel()  # cancelled as we close: nobody will wait for it
                 raise
-            if sent.cancelled():
-                outcome.cancel()
-            elif (exc := sent.exception()) is not None:
-                outcome.set_exception(exc)
-            else:
-                outcome.set_result(sent.result())
+            _mirror(sent, outcome)
 
         if self._spawn(after()) is None:
-            outcome.set_exception(BackendError(f"the redlock backend for {self._where} is closed"))
+            outcome.set_exception(self._closed_error())
         return outcome
 
     async def _release_on(self, i: int, spec: LockSpec, owner: str) -> bool:
@@ -541,8 +619,13 @@ class RedlockBackend:
         }.get(spec.kind, keys.rw_signal)
         if self._tg is None or self._closed:
             raise BackendError(f"the redlock backend for {self._where} is not open")
+        # Its attempts from now on are re-checks of a woken waiter: arbiter first.
+        self._waiting.add(owner)
         return QuorumWaiter(
-            [hub.waiter(channel, owner) for hub in self._hubs], self._majority, self._spawn
+            [hub.waiter(channel, owner) for hub in self._hubs],
+            self._majority,
+            self._spawn,
+            left=partial(self._waiting.discard, owner),
         )
 
     # ---------------------------------------------------------------- operators
