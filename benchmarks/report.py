@@ -300,7 +300,11 @@ def markdown(doc: Doc) -> str:
         f"(after {s['warmup']} warm-up cycles); latency of one acquire + release. "
         "*p50 ÷ raw floor* compares with the same server commands sent by the same client "
         "with no library (Redis: `SET NX PX` + compare-and-delete `EVALSHA`, redis-py set up "
-        "as aiodlock sets it up; ZooKeeper: create + get_children + delete with aiozk; MySQL: "
+        "as aiodlock sets it up, through `RedisCluster` on a Cluster and on the master the "
+        "sentinels name; Redlock: the same two commands sent to the three masters at once, "
+        "each awaited until a quorum answered; ZooKeeper: create + get_children + delete "
+        "with aiozk; etcd: a transaction putting the key if absent and listing the name's "
+        "keys, then a delete, on aetcd's gRPC stubs; MySQL: "
         "`GET_LOCK` + `RELEASE_LOCK` with aiomysql; PostgreSQL: `pg_try_advisory_lock` + "
         "`pg_advisory_unlock` with asyncpg), same loop. For asyncio libraries the "
         "ratio is *paired*: the same process alternates blocks of 100 floor cycles and 100 "
@@ -324,7 +328,9 @@ def markdown(doc: Doc) -> str:
         f"- **{s['waiters']} waiters**: one process, one client, {s['waiters']} tasks (threads "
         "for blocking libraries) wait on a lock held by a second client. *Connections*: the "
         "server's client count (peak during the wait) minus before the waiters' client "
-        "opened. *RSS*: this process's resident memory growth. Then the holder releases and "
+        "opened; on a Cluster, Sentinel, Redlock, an ensemble and etcd, which have no single "
+        "server to ask, the TCP connections this process opened instead. *RSS*: this "
+        "process's resident memory growth. Then the holder releases and "
         "each waiter takes and releases the lock: *drain* is release → last waiter done, "
         f"cut off at {s['drain_timeout']:g} s (\"> N\" = not all drained by then).",
         f"- **Handoff after a crash**: a holder process takes the lock and dies without "
@@ -333,12 +339,18 @@ def markdown(doc: Doc) -> str:
         "`PTTL` read right after the grant, ± the shown margin) to the waiter's grant. "
         "ZooKeeper: from the holder's exit + its session timeout "
         f"({s['session_timeout']:g} s; the server expires sessions on its 200 ms tick, so "
-        "this includes up to a tick of server delay). MySQL, PostgreSQL: from the holder's exit.",
+        "this includes up to a tick of server delay). Redlock: from the expiry that frees a "
+        "quorum of the masters (the second of three `PTTL`s). etcd: from the holder's exit + "
+        "its lease's TTL (aiodlock: the client's session lease, 2 s; aetcd: the lock's own, "
+        "1 s); etcd revokes expired leases on a 500 ms tick. MySQL, PostgreSQL: from the "
+        "holder's exit.",
         "- Incumbents run with their defaults, except that their redis-py connection pools "
         "may open up to 2000 connections (redis-py 8's default of 100 makes 900 of 1000 "
         "waiters fail with `MaxConnectionsError`). aiodlock rows run under both event loops; "
         "blocking libraries in threads.\n",
-        "## Targets (issue 5)\n",
+        "## Targets\n",
+        "The open issues' performance targets (issues 8, 9 and 15), checked against this "
+        "run's medians.\n",
         _targets(doc),
     ]
     for backend, title in BACKEND_TITLES.items():
@@ -355,7 +367,7 @@ def markdown(doc: Doc) -> str:
         ]  # fmt: skip
     out += [
         "## How to reproduce\n",
-        "```sh\npython3 -m nox -s bench                 # full run (~10 min), writes docs/\n"
+        "```sh\npython3 -m nox -s bench                 # full run (~45 min), writes docs/\n"
         "python3 -m nox -s bench -- --quick      # smoke run (~2 min)\n"
         "python3 -m nox -s bench -- --only redis --loops asyncio --repeat 5\n```\n",
         "`benchmarks/run.py` starts its own throw-away servers on free loopback ports (the "
