@@ -1213,8 +1213,11 @@ async def test_cancellation_storm_makes_progress_and_leaves_nothing(
                 group.create_task(contender(client, f"{who}{i}", patient=False))
     history.check(max_holders=1)
     # A healthy lock makes hundreds of grants here; a queue that jams on cancelled waiters
-    # makes a handful. The floor is low enough for a loaded 2-core CI machine.
-    assert grants >= STORM_SECONDS * 10, f"{grants} grants in {STORM_SECONDS} s"
+    # makes none or one (ZooKeeper's did: 0-7 in 15 s). A strict FIFO queue on a consensus
+    # service (fair=True on ZooKeeper or etcd: an entry per task) is the slow healthy case:
+    # each abandoned entry ahead of a waiter costs a delete and a watch event, 17-20 grants
+    # on a slow 2-core machine. The floor sits between the two.
+    assert grants >= STORM_SECONDS * 4, f"{grants} grants in {STORM_SECONDS} s"
     await aiodlock_target.assert_no_leftovers(locks, other)
     started = loop.time()
     async with make(other, "storm", ttl=5, timeout=5):

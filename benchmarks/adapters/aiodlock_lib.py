@@ -32,11 +32,10 @@ class AiodlockAdapter(AsyncAdapter):
         super().__init__(endpoint)
         self.fair = bool(fair)
         params = [query] if query else []
-        self._session_ttl = float(max(2, round(session_timeout)))
         if endpoint.family == "zookeeper":
             params.append(f"session_timeout={session_timeout:g}")
         if endpoint.family == "etcd":  # a lease of whole seconds
-            params.append(f"session_ttl={self._session_ttl:g}")
+            params.append(f"session_ttl={max(2, round(session_timeout))}")
         self.url = endpoint.url + ("?" + "&".join(params) if params else "")
         self._client: aiodlock.LockClient | None = None
 
@@ -60,6 +59,6 @@ class AiodlockAdapter(AsyncAdapter):
         return f"{{{NAMESPACE}:{name}}}" if self.endpoint.family in ("redis", "redlock") else None
 
     def crash_lease(self, *, ttl: float, session_timeout: float) -> float:
-        if self.endpoint.family == "etcd":
-            return self._session_ttl
+        if self.endpoint.family == "etcd":  # the crashed holder's lease, as it made it
+            return float(max(2, round(session_timeout)))
         return super().crash_lease(ttl=ttl, session_timeout=session_timeout)
