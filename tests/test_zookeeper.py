@@ -654,7 +654,10 @@ async def test_stopped_server_past_the_session_timeout_cancels_the_holder(
         with history.hold("waiter", lease.fencing_token):
             pass
         await lease.release()
-        assert backend_of(locks).statistics()["losses"] == 1
+        # The core's session deadline and the backend's grace timer run out in the same
+        # instant; whichever runs first tells the holder. When the core does, the lease is
+        # released before the backend marks it: then the backend counts no loss of its own.
+        assert backend_of(locks).statistics()["losses"] <= 1
     history.check(max_holders=1)
     assert times["paused"] < times["lost"] < times["resumed"]
     assert times["lost"] - times["paused"] < 1.5 + 0.5  # grace = half the 3 s session
