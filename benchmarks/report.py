@@ -342,7 +342,9 @@ def markdown(doc: Doc) -> str:
         "this includes up to a tick of server delay). Redlock: from the expiry that frees a "
         "quorum of the masters (the second of three `PTTL`s). etcd: from the holder's exit + "
         "its lease's TTL (aiodlock: the client's session lease, 2 s; aetcd: the lock's own, "
-        "1 s); etcd revokes expired leases on a 500 ms tick. MySQL, PostgreSQL: from the "
+        "1 s asked, but etcd raises a lease to its minimum, 1.5 s with this cluster's 1 s "
+        "election timeout, so aetcd's figure includes 0.5 s more); etcd revokes expired "
+        "leases on a 500 ms tick. MySQL, PostgreSQL: from the "
         "holder's exit.",
         "- Incumbents run with their defaults, except that their redis-py connection pools "
         "may open up to 2000 connections (redis-py 8's default of 100 makes 900 of 1000 "
