@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 
-from ._node import TLS_OPTIONS, NodeSource, connection_defaults
+from ._node import TLS_OPTIONS, NodeSource, connection_defaults, refuse_node_options
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -74,14 +74,7 @@ class ClusterSource(NodeSource):
     def _connection_settings(
         self, url: ParsedURL, options: Mapping[str, Any], connect_timeout: float
     ) -> tuple[type[AbstractConnection], dict[str, Any]]:
-        given = sorted(
-            key for key in ("redis_client", "db", *TLS_OPTIONS) if options.get(key) is not None
-        )
-        if given:
-            raise ValueError(
-                f"option {', '.join(given)} is not supported on {url.scheme}:// "
-                "(a cluster has database 0 only)"
-            )
+        refuse_node_options(url, options, "a cluster has database 0 only")
         if not url.hosts:
             raise ValueError(
                 f"{url.scheme}:// needs seed nodes: {url.scheme}://host1:7000,host2:7000"

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from ..._url import ParsedURL
     from ._source import Prepare
 
-__all__ = ["TLS_OPTIONS", "NodeSource", "connection_defaults"]
+__all__ = ["TLS_OPTIONS", "NodeSource", "connection_defaults", "refuse_node_options"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -507,6 +507,18 @@ def _tls_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     except RedisError as exc:
         raise ValueError(f"bad TLS options: {exc}") from None
     return settings
+
+
+def refuse_node_options(url: ParsedURL, options: Mapping[str, Any], why: str) -> None:
+    """``ValueError`` for the one-node options a deployment of several cannot take
+    (``redis_client``, ``db``, the TLS ones), saying ``why``."""
+    given = sorted(
+        key for key in ("redis_client", "db", *TLS_OPTIONS) if options.get(key) is not None
+    )
+    if given:
+        raise ValueError(
+            f"option {', '.join(given)} is not supported on {url.scheme}:// ({why})"
+        )
 
 
 def _refuse_tls_options(url: ParsedURL, options: Mapping[str, Any]) -> None:

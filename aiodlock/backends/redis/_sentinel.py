@@ -33,7 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 
-from ._node import TLS_OPTIONS, NodeSource, connection_defaults
+from ._node import NodeSource, connection_defaults, refuse_node_options
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -63,14 +63,7 @@ class SentinelSource(NodeSource):
     def _connection_settings(
         self, url: ParsedURL, options: Mapping[str, Any], connect_timeout: float
     ) -> tuple[type[AbstractConnection], dict[str, Any]]:
-        given = sorted(
-            key for key in ("redis_client", "db", *TLS_OPTIONS) if options.get(key) is not None
-        )
-        if given:
-            raise ValueError(
-                f"option {', '.join(given)} is not supported on {url.scheme}:// "
-                "(give the database in the url path: /SERVICE_NAME/DB)"
-            )
+        refuse_node_options(url, options, "give the database in the url path: /SERVICE_NAME/DB")
         if not url.hosts:
             raise ValueError(
                 f"{url.scheme}:// needs the sentinels to ask: "
