@@ -62,12 +62,12 @@ def _uncontended(find: Finder, library: str, floor: str, loop: str, label: str,
 _REDIS_INCUMBENTS = ("redis-py", "python-redis-lock", "pottery-sync", "pottery-async", "aioredlock")
 
 
-def _incumbent_best(find: Finder, incumbents: tuple[str, ...], field: str,
-                    loop: str) -> tuple[float, str]:
+def _incumbent_best(find: Finder, incumbents: tuple[str, ...], field: str, loop: str,
+                    scenario: str = "contended") -> tuple[float, str]:
     best, who = -math.inf, ""
     for key in incumbents:
         for cell_loop in (loop, "asyncio", "threads"):
-            value = _num(find(key, "contended", cell_loop), field)
+            value = _num(find(key, scenario, cell_loop), field)
             if not math.isnan(value):
                 if value > best:
                     best, who = value, key
@@ -141,18 +141,6 @@ def _postgres(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
                            "PostgreSQL")  # fmt: skip
 
 
-def _incumbent_procs(find: Finder, incumbents: tuple[str, ...], loop: str) -> tuple[float, str]:
-    best, who = -math.inf, ""
-    for key in incumbents:
-        for cell_loop in (loop, "threads"):
-            value = _num(find(key, "contended_procs", cell_loop), "throughput")
-            if not math.isnan(value):
-                if value > best:
-                    best, who = value, key
-                break
-    return best, who
-
-
 def _processes(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     """Issue 9's cross-process targets (the processes scenario runs on the first loop)."""
     loop = loops[0]
@@ -161,7 +149,8 @@ def _processes(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     low, grants = _num(row, "grants_min"), _num(row, "grants")
     processes = _num(row, "processes")
     fairest = low / (grants / processes) if grants > 0 else math.nan  # NaN stays NaN
-    best, who = _incumbent_procs(find, _REDIS_INCUMBENTS, loop)
+    best, who = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop,
+                                 "contended_procs")
     ok = None if math.isnan(thr) else thr >= best and worst <= 500 and fairest >= 0.25
     yield _entry("Redis across 10 processes: grants/s ≥ best incumbent, wait max ≤ 500 ms, "
                  "no process below 25 % of the mean", f"aiodlock pub/sub [{loop}]",

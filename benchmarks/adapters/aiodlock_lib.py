@@ -35,7 +35,7 @@ class AiodlockAdapter(AsyncAdapter):
         if endpoint.family == "zookeeper":
             params.append(f"session_timeout={session_timeout:g}")
         if endpoint.family == "etcd":  # a lease of whole seconds
-            params.append(f"session_ttl={max(2, round(session_timeout))}")
+            params.append(f"session_ttl={_etcd_session_ttl(session_timeout):g}")
         self.url = endpoint.url + ("?" + "&".join(params) if params else "")
         self._client: aiodlock.LockClient | None = None
 
@@ -60,5 +60,10 @@ class AiodlockAdapter(AsyncAdapter):
 
     def crash_lease(self, *, ttl: float, session_timeout: float) -> float:
         if self.endpoint.family == "etcd":  # the crashed holder's lease, as it made it
-            return float(max(2, round(session_timeout)))
+            return _etcd_session_ttl(session_timeout)
         return super().crash_lease(ttl=ttl, session_timeout=session_timeout)
+
+
+def _etcd_session_ttl(session_timeout: float) -> float:
+    """The etcd lease a client of the benchmark asks for: whole seconds, at least 2."""
+    return float(max(2, round(session_timeout)))
