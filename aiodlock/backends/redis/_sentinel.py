@@ -30,8 +30,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    TimeoutError as RedisTimeoutError,
+)
 
 from ._node import NodeSource, connection_defaults, refuse_node_options
 
@@ -49,6 +58,35 @@ SENTINEL_OPTIONS: Final[Mapping[str, type]] = {
     "sentinel_username": str,
     "sentinel_password": str,
 }
+
+
+class _Sentinel(Sentinel):
+    """redis-py's Sentinel, asking the sentinels without losing one to concurrent askers.
+
+    After a failover every connection asks at once. redis-py moves the sentinel that answered
+    to the front by the index it had *before* its await, so two askers could overwrite one
+    client with another: the one dropped was never asked again, nor closed with the rest.
+    Here the list is only reordered by identity, with no await in between.
+    """
+
+    def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+        super().__init__(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors = []
+        for sentinel in list(self.sentinels):
+            try:
+                masters = await sentinel.sentinel_masters()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            state = masters.get(service_name) if isinstance(masters, dict) else None  # RESP2
+            if state and self.check_master_state(state, service_name):
+                self.sentinels.remove(sentinel)
+                self.sentinels.insert(0, sentinel)
+                return state["ip"], state["port"]
+        detail = f" : {', '.join(errors)}" if errors else ""
+        raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
 
 
 class SentinelSource(NodeSource):
@@ -95,7 +133,7 @@ class SentinelSource(NodeSource):
                 if not isinstance(value, str):
                     raise TypeError(f"option {key} must be a str, not {type(value).__name__}")
                 sentinel_settings[key.removeprefix("sentinel_")] = value
-        self._sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py: untyped
+        self._sentinel = _Sentinel(
             [(host or "localhost", port or _DEFAULT_SENTINEL_PORT) for host, port in url.hosts],
             sentinel_kwargs=sentinel_settings,
         )
