@@ -686,7 +686,18 @@ async def test_a_lease_outside_async_with_is_marked_lost_when_the_grace_runs_out
         await asyncio.wait_for(lease.lost.wait(), 3)
         # The core may have told the lease first (its session deadline passed in the same
         # instant as the backend's grace timer): the backend's signal follows at once.
-        await asyncio.wait_for(signal.wait(), 0.3)
+        told = loop.time()
+        try:
+            await asyncio.wait_for(signal.wait(), 0.3)
+        except TimeoutError:  # rare on a loaded machine: say what both sides knew
+            backend = backend_of(locks)
+            pytest.fail(
+                f"backend signal not set 0.3 s after lease.lost ({told - cut:.3f} s after the "
+                f"cut): session_deadline={backend.session_deadline(spec, lease.owner)!r}, "
+                f"cut={cut!r}, "
+                f"tasks={sorted(t.get_name() for t in backend._tasks)}, "
+                f"stats={backend.statistics()}"
+            )
         assert loop.time() - cut < 1.0 + 0.3
         with pytest.raises(aiodlock.LockLostError):
             lease.assert_held()
