@@ -154,22 +154,24 @@ async def test_wait_replicas_returns_a_grant_only_once_a_replica_has_it(
 
 
 async def test_concurrent_askers_keep_every_sentinel(redis_sentinel: SentinelDeployment) -> None:
-    """After a failover every connection asks the sentinels at once. The first sentinel here
-    refuses connections, so each asker gets its answer from the second, which then moves to
-    the front: no sentinel may be overwritten by another on the way (redis-py reorders by a
-    stale index, so a dropped sentinel was never asked again, nor closed)."""
+    """After a failover every new connection asks the sentinels at once. The first sentinel
+    here refuses connections, so each asker gets its answer from the second, which then moves
+    to the front: no sentinel may be overwritten by another on the way (redis-py reorders by
+    a stale index, so a dropped sentinel was never asked again, nor closed)."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    from aiodlock.backends.redis._sentinel import _Sentinel
     from tests.servers import free_port
     from tests.support_sentinel import SERVICE
 
-    refusing = ("127.0.0.1", free_port())
-    answering = [(s.host, s.port) for s in redis_sentinel.sentinels]
+    async with aiodlock.connect(redis_sentinel.url, namespace="askers") as locks:
+        # The backend's own Sentinel class, asked directly: a client's connections connect
+        # one at a time, which rarely interleaves the askers.
+        sentinel_class = type(locks.backend._source._sentinel)  # type: ignore[attr-defined]
+    hosts = [("127.0.0.1", free_port()), *((s.host, s.port) for s in redis_sentinel.sentinels)]
     master = redis_sentinel.current_master()
     for _ in range(3):  # the old reordering lost a sentinel in 2 of 3 rounds
-        sentinel = _Sentinel([refusing, *answering], {"retry": Retry(NoBackoff(), 0)})
+        sentinel = sentinel_class(hosts, {"retry": Retry(NoBackoff(), 0)})
         clients = list(sentinel.sentinels)
         try:
             found = await asyncio.gather(*(sentinel.discover_master(SERVICE) for _ in range(20)))

@@ -628,8 +628,11 @@ async def test_release_is_idempotent_and_lost_release_raises(
 
 @pytest.mark.asyncio
 async def test_max_hold_stops_renewing(locks: aiodlock.LockClient, make: LockKind) -> None:
+    # One renewal (at ttl/3) comes before max_hold, none after. The lease must last until
+    # then on its own: a grant and a renewal slower than ttl - ttl/3 together (0.4 s) would
+    # let it run out first, which is a loss too, but not max_hold's.
     with pytest.raises(aiodlock.LockLostError, match="max_hold"):
-        async with make(locks, "hung", ttl=0.3, max_hold=0.2):
+        async with make(locks, "hung", ttl=0.6, max_hold=0.3):
             await asyncio.sleep(10)
 
 
