@@ -36,6 +36,7 @@ missing feature.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import warnings
@@ -93,6 +94,7 @@ def pytest_asyncio_loop_factories(
     return {"asyncio": asyncio.new_event_loop}
 
 
+@functools.cache  # asked once per test: one class for the run
 def _uvloop_that_reports_unclosed_transports() -> Callable[[], asyncio.AbstractEventLoop]:
     """A uvloop whose ``close()`` cannot hang on a leaked transport.
 
