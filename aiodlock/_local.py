@@ -29,7 +29,7 @@ from typing import Any
 
 from ._exceptions import LockLostError, LockNotOwnedError
 from ._lease import Lease, LeaseState, LeaseStatus
-from ._supervisor import Supervisor
+from ._supervisor import Keeper, Supervisor
 from .backends._protocol import Kind, LockSpec
 
 __all__ = ["Holdings", "LiveLease", "Turns", "is_exclusive", "takes_turns"]
@@ -85,7 +85,7 @@ class LiveLease:
 
     state: LeaseState
     lease: Lease
-    keeper: asyncio.Task[None]
+    keeper: Keeper
     source: object  # the lock object that took it, for its statistics
     task_key: _TaskKey | None  # set for exclusive kinds: the owning task, for reentrancy
     depth: int = 1
@@ -196,11 +196,12 @@ class Holdings:
             # Lost before: its clean-up on the service is under way in the background
             # (_lost); the caller must not wait for a service that may be unreachable.
             raise LockNotOwnedError(f"{state.spec.describe()} was lost before release") from reason
-        if live is not None and state.renewing and not live.keeper.done():
+        keeping = None if live is None or not state.renewing else live.keeper.running()
+        if keeping is not None:
             # A renewal is in flight, maybe on the very connection the release will use (MySQL
             # pins one per lease): let the cancelled keep-alive finish first.
             try:
-                await asyncio.wait((live.keeper,))
+                await asyncio.wait((keeping,))
             except asyncio.CancelledError:
                 self._supervisor.compensate(state.spec, state.owner)
                 raise
@@ -235,8 +236,7 @@ class Holdings:
                 self._supervisor.compensate(state.spec, state.owner)
 
     def _forget(self, live: LiveLease) -> None:
-        if live.keeper is not asyncio.current_task():  # a keep-alive that reports its loss
-            live.keeper.cancel()
+        live.keeper.cancel()
         self._live.pop(live.state, None)
         if live.task_key is not None and self._by_task.get(live.task_key) is live:
             del self._by_task[live.task_key]

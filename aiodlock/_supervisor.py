@@ -24,21 +24,65 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from ._exceptions import LockLostError
 from ._lease import LeaseState
-from ._watchdog import keep_alive
+from ._watchdog import RENEWALS_PER_TTL, keep_alive
 from .backends._protocol import Backend, LockSpec
 
-__all__ = ["RELEASE_TIMEOUT", "Supervisor", "logger"]
+__all__ = ["RELEASE_TIMEOUT", "Keeper", "Supervisor", "logger"]
 
 logger = logging.getLogger("aiodlock")
 
 RELEASE_TIMEOUT: Final = 5.0
 """Seconds a background (compensating) release may take before it is abandoned to the
 lease's own expiry."""
+
+
+class Keeper:
+    """The keep-alive of one lease: a timer until its first renewal is due, then a task.
+
+    Most holds end long before their first renewal (ttl/3), and a timer costs a fraction of a
+    task, so the task of the supervisor's group is only started when there is work for it. A
+    lease whose backend signals losses (a session backend) gets its task at once: the signal
+    must be watched from the grant on.
+    """
+
+    __slots__ = ("_timer", "task")
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start_at(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        when: float,
+        spawn: Callable[[], asyncio.Task[None] | None],
+    ) -> None:
+        """Start the task ``spawn()`` makes at loop time ``when`` (unless cancelled first)."""
+
+        def fire() -> None:
+            self._timer = None
+            self.task = spawn()
+
+        self._timer = loop.call_at(when, fire)
+
+    def cancel(self) -> None:
+        """Stop keeping the lease (a keep-alive reporting its own loss is left to finish)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def running(self) -> asyncio.Task[None] | None:
+        """The keep-alive task, if it was started and has not finished."""
+        task = self.task
+        return task if task is not None and not task.done() else None
 
 
 class Supervisor:
@@ -81,16 +125,46 @@ class Supervisor:
                 "this LockClient is not open: use `async with aiodlock.connect(...) as locks:`"
             )
 
-    def keep(self, state: LeaseState, *, ttl: float, max_hold: float | None) -> asyncio.Task[None]:
-        """Start the keep-alive of a granted lease; cancel the returned task to stop it."""
-        return self._spawn(
-            self._keep(state, ttl, max_hold), name=f"aiodlock-keepalive-{state.spec.name}"
-        )
+    def keep(self, state: LeaseState, *, ttl: float, max_hold: float | None) -> Keeper:
+        """Keep a lease granted just now alive; ``cancel()`` the returned keeper to stop."""
+        self.require_running()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        signal = self._backend.loss_signal(state.spec, state.owner)
+        keeper = Keeper()
 
-    async def _keep(self, state: LeaseState, ttl: float, max_hold: float | None) -> None:
+        def spawn() -> asyncio.Task[None] | None:
+            if self._group is None:
+                return None  # the client is closing: its holdings end the lease
+            return self._spawn(
+                self._keep(state, ttl, max_hold, started, signal),
+                name=f"aiodlock-keepalive-{state.spec.name}",
+            )
+
+        if signal is None:
+            keeper.start_at(loop, started + ttl / RENEWALS_PER_TTL, spawn)
+        else:
+            keeper.task = spawn()
+        return keeper
+
+    async def _keep(
+        self,
+        state: LeaseState,
+        ttl: float,
+        max_hold: float | None,
+        started: float,
+        signal: asyncio.Event | None,
+    ) -> None:
         # keep_alive reports a loss through the lease's state before raising it.
         with contextlib.suppress(LockLostError):
-            await keep_alive(self._backend, state, ttl=ttl, max_hold=max_hold)
+            await keep_alive(
+                self._backend,
+                state,
+                ttl=ttl,
+                max_hold=max_hold,
+                started=started,
+                lost_signal=signal,
+            )
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release-if-owner; if cancelled midway, finish it in the background.

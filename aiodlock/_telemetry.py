@@ -16,12 +16,13 @@ a password or a service's reply.
 
 **OpenTelemetry** (``pip install 'aiodlock[otel]'``) is used when ``opentelemetry-api`` is
 importable, through the global tracer and meter providers the application configures; without
-it every call here is a no-op beyond logging. ``import aiodlock`` never imports it (the first
-grant does). Spans: ``aiodlock.acquire`` (from the call to the grant or the timeout, with
-``aiodlock.wait_seconds``) and ``aiodlock.hold`` (from the grant to the release or the loss;
-status ERROR on a loss). Metrics: the counters ``aiodlock.grants``, ``aiodlock.timeouts`` and
-``aiodlock.losses`` and the histogram ``aiodlock.wait`` (seconds), with the attributes
-``aiodlock.namespace`` and ``aiodlock.kind`` (not the lock name: names are unbounded).
+it, and until the application sets a provider, every call here is a no-op beyond logging.
+``import aiodlock`` never imports it (the first grant does). Spans: ``aiodlock.acquire`` (from
+the call to the grant or the timeout, with ``aiodlock.wait_seconds``) and ``aiodlock.hold``
+(from the grant to the release or the loss; status ERROR on a loss). Metrics: the counters
+``aiodlock.grants``, ``aiodlock.timeouts`` and ``aiodlock.losses`` and the histogram
+``aiodlock.wait`` (seconds), with the attributes ``aiodlock.namespace`` and ``aiodlock.kind``
+(not the lock name: names are unbounded).
 
 Example (what the core does around one acquisition)::
 
@@ -84,8 +85,15 @@ class _OTel:
 
     def __init__(self) -> None:
         from opentelemetry import metrics, trace
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
 
+        # Until the application sets a provider, the global ones are proxies: every span and
+        # instrument call would do nothing, at a few microseconds each, on the hot path.
+        self._tracer_provider = trace.get_tracer_provider
+        self._meter_provider = metrics.get_meter_provider
+        self._idle_tracers = (ProxyTracerProvider, NoOpTracerProvider)
+        self._idle_meters = NoOpMeterProvider
         self.tracer = trace.get_tracer("aiodlock")
         meter = metrics.get_meter("aiodlock")
         self.grants = meter.create_counter(
@@ -101,6 +109,19 @@ class _OTel:
             "aiodlock.wait", unit="s", description="time from acquire() to the grant"
         )
         self.error = Status(StatusCode.ERROR)
+
+    def tracing(self) -> bool:
+        """An application configured a tracer provider (spans go somewhere)."""
+        return not isinstance(self._tracer_provider(), self._idle_tracers)
+
+    def metering(self) -> bool:
+        """An application configured a meter provider (measurements go somewhere)."""
+        provider = self._meter_provider()
+        # The API's proxy meter provider has no public name to test against.
+        return not (
+            isinstance(provider, self._idle_meters)
+            or type(provider).__name__ == "_ProxyMeterProvider"
+        )
 
 
 _otel: _OTel | None = None
@@ -163,7 +184,7 @@ class Hold:
             extra=log_extra(self.spec, self.token),
         )
         otel = _telemetry()
-        if otel is not None:
+        if otel is not None and otel.metering():
             otel.losses.add(1, _attributes(self.spec))
         if first and otel is not None and self._span is not None:
             self._span.set_status(otel.error)
@@ -184,6 +205,11 @@ def acquired(spec: LockSpec, *, token: int, waited: float) -> Hold:
     otel = _telemetry()
     if otel is None:
         return Hold(spec, token, None)
+    if otel.metering():
+        otel.grants.add(1, _attributes(spec))
+        otel.wait.record(waited, _attributes(spec))
+    if not otel.tracing():
+        return Hold(spec, token, None)
     attributes = _span_attributes(spec, token)
     now = time.time_ns()
     span = otel.tracer.start_span(
@@ -192,8 +218,6 @@ def acquired(spec: LockSpec, *, token: int, waited: float) -> Hold:
         attributes={**attributes, "aiodlock.wait_seconds": waited},
     )
     span.end(end_time=now)
-    otel.grants.add(1, _attributes(spec))
-    otel.wait.record(waited, _attributes(spec))
     hold_span = otel.tracer.start_span("aiodlock.hold", start_time=now, attributes=attributes)
     return Hold(spec, token, hold_span)
 
@@ -209,6 +233,10 @@ def timed_out(spec: LockSpec, *, waited: float) -> None:
     otel = _telemetry()
     if otel is None:
         return
+    if otel.metering():
+        otel.timeouts.add(1, _attributes(spec))
+    if not otel.tracing():
+        return
     now = time.time_ns()
     span = otel.tracer.start_span(
         "aiodlock.acquire",
@@ -218,7 +246,6 @@ def timed_out(spec: LockSpec, *, waited: float) -> None:
     span.set_status(otel.error)
     span.add_event("aiodlock.timeout")
     span.end(end_time=now)
-    otel.timeouts.add(1, _attributes(spec))
 
 
 def renewal_failed(spec: LockSpec, token: int, error: BaseException, *, remaining: float) -> None:

@@ -15,9 +15,11 @@ A loss is reported by moving the lease to LOST (:meth:`LeaseState.lose`): that s
 ``lease.lost`` and runs the lease's loss callbacks, through which an ``async with`` body is
 cancelled. The watchdog knows a backend and a lease, and nothing about locks or clients.
 
-Example (what the client's supervisor runs for every lease)::
+Example (what the client's supervisor runs for every lease, from its first renewal on)::
 
-    await keep_alive(backend, state, ttl=30.0, max_hold=None)
+    signal = backend.loss_signal(state.spec, state.owner)
+    await keep_alive(backend, state, ttl=30.0, max_hold=None, started=granted_at,
+                     lost_signal=signal)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ._exceptions import BackendError, LockLostError
 from ._lease import LeaseState
 from .backends._protocol import Backend
 
-__all__ = ["drift", "keep_alive"]
+__all__ = ["RENEWALS_PER_TTL", "drift", "keep_alive"]
 
 # How many times per lease period a renewal is attempted, and how often a failed renewal is
 # retried within the remaining validity.
@@ -45,11 +47,22 @@ def drift(ttl: float) -> float:
 
 
 async def keep_alive(
-    backend: Backend, state: LeaseState, *, ttl: float, max_hold: float | None
+    backend: Backend,
+    state: LeaseState,
+    *,
+    ttl: float,
+    max_hold: float | None,
+    started: float,
+    lost_signal: asyncio.Event | None,
 ) -> NoReturn:
-    """Renew ``state`` until cancelled; on loss mark it LOST and raise :class:`LockLostError`."""
+    """Renew ``state`` until cancelled; on loss mark it LOST and raise :class:`LockLostError`.
+
+    ``started`` is the loop time the lease was granted at (renewals and ``max_hold`` count
+    from it, even if this coroutine starts later); ``lost_signal`` is the backend's
+    :meth:`~aiodlock.backends.Backend.loss_signal` for the lease.
+    """
     try:
-        await _renew_forever(backend, state, ttl, max_hold)
+        await _renew_forever(backend, state, ttl, max_hold, started, lost_signal)
     except LockLostError as exc:
         state.lose(exc)
         raise
@@ -63,15 +76,19 @@ async def keep_alive(
 
 
 async def _renew_forever(
-    backend: Backend, state: LeaseState, ttl: float, max_hold: float | None
+    backend: Backend,
+    state: LeaseState,
+    ttl: float,
+    max_hold: float | None,
+    started: float,
+    lost_signal: asyncio.Event | None,
 ) -> NoReturn:
     loop = asyncio.get_running_loop()
     name = state.spec.name
     interval = ttl / RENEWALS_PER_TTL
-    hold_until = None if max_hold is None else loop.time() + max_hold
-    next_renewal = loop.time() + interval
+    hold_until = None if max_hold is None else started + max_hold
+    next_renewal = started + interval
     # Session backends (ZooKeeper, MySQL) signal a loss the moment they see it.
-    lost_signal = backend.loss_signal(state.spec, state.owner)
     failing = False  # in a streak of failed renewals (logged once, at its start)
     while True:
         wake_at = next_renewal
