@@ -98,6 +98,38 @@ _BACKOFF_MAX: Final = 1.0
 _CLOSE_TIMEOUT: Final = 2.0
 _REPLY_HEADER: Final = struct.Struct("!iqi")  # xid, zxid, error code
 
+
+class _Follow:
+    """A read sent right behind another request on the same connection (one round trip
+    for both): see :meth:`ZKTransport.create_listed`."""
+
+    __slots__ = ("_reply", "request")
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self._reply: asyncio.Future[Any] | None = None
+
+    def sent(self, reply: asyncio.Future[Any]) -> None:
+        self._reply = reply
+        # Its outcome may never be asked for (the first request failed): never a warning.
+        reply.add_done_callback(_retrieve)
+
+    async def children(self) -> list[str] | None:
+        """The listing, once the first request was answered; None if it failed."""
+        reply = self._reply
+        if reply is None:
+            return None
+        await asyncio.wait((reply,))  # its own failure or cancellation is not ours
+        if reply.cancelled() or reply.exception() is not None:
+            return None
+        _, response = reply.result()
+        return [str(name) for name in response.children]
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 StateListener = Callable[[str, str], None]
 EventListener = Callable[[int, str], None]
@@ -629,7 +661,13 @@ class ZKTransport:
     # -- requests ------------------------------------------------------------------------
 
     async def _call(
-        self, request: Any, *, wait: bool, timeout: float, idempotent: bool = True
+        self,
+        request: Any,
+        *,
+        wait: bool,
+        timeout: float,
+        idempotent: bool = True,
+        follow: _Follow | None = None,
     ) -> Any:
         """Send ``request`` once per connection and return the reply.
 
@@ -642,14 +680,16 @@ class ZKTransport:
         while True:
             conn = self._session.conn
             try:
-                return await self._call_once(request, wait=wait, deadline=deadline)
+                return await self._call_once(request, wait=wait, deadline=deadline, follow=follow)
             except ConnectionLoss:
                 if not (idempotent and wait) or loop.time() >= deadline:
                     raise
                 if self._session.conn is conn and self._connected.is_set():
                     self.drop_connection()  # failed but still "connected": reconnect
 
-    async def _call_once(self, request: Any, *, wait: bool, deadline: float) -> Any:
+    async def _call_once(
+        self, request: Any, *, wait: bool, deadline: float, follow: _Follow | None = None
+    ) -> Any:
         session = self._session
         loop = asyncio.get_running_loop()
         sent: float | None = None
@@ -665,7 +705,11 @@ class ZKTransport:
                 sid = session.session_id
                 session.xid = 1 if session.xid >= _MAX_XID else session.xid + 1
                 sent = loop.time()
-                zxid, response = await conn.send(request, xid=session.xid)
+                reply = conn.send(request, xid=session.xid)
+                if follow is not None:  # right behind it, on the same connection
+                    session.xid = 1 if session.xid >= _MAX_XID else session.xid + 1
+                    follow.sent(conn.send(follow.request, xid=session.xid))
+                zxid, response = await reply
         except TimeoutError as exc:
             if sent is not None:
                 raise ConnectionLoss(f"no zookeeper reply within {timeout:.3g} s") from exc
@@ -712,6 +756,24 @@ class ZKTransport:
         # A container create is idempotent (NodeExists is an answer); a sequential one never.
         response = await self._call(request, wait=True, timeout=timeout, idempotent=container)
         return str(response.path), _stat(response.stat)
+
+    async def create_listed(
+        self, path: str, data: bytes, *, directory: str, timeout: float
+    ) -> tuple[str, NodeStat, list[str] | None]:
+        """Create an ephemeral sequential node and list ``directory`` in the same round trip.
+
+        The listing is sent right behind the create, on the same connection, and the server
+        answers a session's requests in order, so it already shows the new node. It is
+        ``None`` if it failed or did not come with the create's reply (the caller lists
+        again). Sent once, like every create.
+        """
+        request = protocol.Create2Request(path=path, data=data, acl=_OPEN_ACL)
+        request.set_flags(True, True, False)
+        follow = _Follow(protocol.GetChildren2Request(path=directory, watch=False))
+        response = await self._call(
+            request, wait=True, timeout=timeout, idempotent=False, follow=follow
+        )
+        return str(response.path), _stat(response.stat), await follow.children()
 
     async def children(
         self, path: str, *, watch: bool = False, wait: bool = True, timeout: float

@@ -40,7 +40,9 @@ DUAL WHERE GET_LOCK(name, 0) = 1``), so taking a free lock with its token is one
 a grant inside a wait, and a semaphore slot, are bumped by a second statement. The
 table (``fence_table`` option) is created on first use. A row unused for ``fence_ttl`` seconds
 (default 7 days) is deleted by a sweep each client runs at most once an hour, so the table
-does not grow with every name ever locked; as a new row starts from the server's clock, the
+does not grow with every name ever locked (a grant refreshes the row's ``touched`` time only once
+it is ``fence_ttl / 4``, at most an hour, old: moving the row in the sweep's index on every grant
+would cost more than the rest of the statement); as a new row starts from the server's clock, the
 next token is still larger than any the deleted row gave out.
 
 **Semaphore** of limit N: N named slots ``name#0`` ... ``name#N-1``. One statement tries them
@@ -142,11 +144,18 @@ _WHO_UPDATE: Final = (
 # hour when daylight saving time ends); the microseconds of NOW(6), the same instant (the
 # statement's start), do not depend on the time zone.
 _SEED: Final = "UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6))"
+# A grant refreshes ``touched`` only once it is older than the client's refresh interval
+# (a fraction of fence_ttl, at most an hour): moving the row in the ``idle`` index on every grant
+# would cost more than the rest of the statement.
+_RETOUCH: Final = (
+    "touched = IF(touched < UTC_TIMESTAMP(6) - INTERVAL {refresh} SECOND, "
+    "UTC_TIMESTAMP(6), touched)"
+)
 _FENCE_BUMP: Final = (
     "INSERT INTO {table} (lock_key, lock_name, token, touched, namespace, name, holder, "
     "holder_connection) VALUES (X'{key}', '{label}', "
     f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {_WHO_INSERT}) ON DUPLICATE KEY UPDATE "
-    f"token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), {_WHO_UPDATE}"
+    f"token = LAST_INSERT_ID(token + 1), {_RETOUCH}, {_WHO_UPDATE}"
 )
 # A mutex is taken and fenced in one round trip: the row is written only if GET_LOCK says 1
 # (one row FROM DUAL: the condition runs once), so no row changed means busy.
@@ -155,14 +164,14 @@ _TAKE_AND_BUMP: Final = (
     "holder_connection) SELECT X'{key}', '{label}', "
     f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {_WHO_INSERT} FROM DUAL "
     "WHERE GET_LOCK('{target}', 0) = 1 ON DUPLICATE KEY UPDATE "
-    f"token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), {_WHO_UPDATE}"
+    f"token = LAST_INSERT_ID(token + 1), {_RETOUCH}, {_WHO_UPDATE}"
 )
 # A semaphore's bump also records its limit on first use (a row without one).
 _SEM_FENCE_BUMP: Final = (
     "INSERT INTO {table} (lock_key, lock_name, token, touched, sem_limit, namespace, name, "
     "holder, holder_connection) VALUES (X'{key}', "
     f"'{{label}}', LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {{limit}}, {_WHO_INSERT}) "
-    "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), touched = UTC_TIMESTAMP(6), "
+    f"ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), {_RETOUCH}, "
     f"sem_limit = IFNULL(sem_limit, {{limit}}), {_WHO_UPDATE}"
 )
 # inspect: the statements of the sessions waiting in GET_LOCK (a wait has a timeout > 0).
@@ -337,6 +346,8 @@ class MySQLBackend:
         )
         assert fence_ttl is not None
         self._fence_ttl = math.ceil(fence_ttl)
+        # A row in use is re-touched at least this often (seconds), well inside fence_ttl.
+        self._touch_every = max(1, min(int(_SWEEP_EVERY), self._fence_ttl // 4))
         self._next_sweep = 0.0  # loop time; the first grant sweeps
         self._sweeper: asyncio.Task[None] | None = None
         self._settings = ConnectSettings(
@@ -642,6 +653,7 @@ class MySQLBackend:
             ns=_hex(spec.namespace),
             name=_hex(spec.name),
             owner=_hex(owner),
+            refresh=self._touch_every,
             **extra,
         )
 

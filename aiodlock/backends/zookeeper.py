@@ -279,6 +279,8 @@ class _Entry:
         "held",
         "kind",
         "limit",
+        "list_on_create",
+        "listing",
         "lock",
         "lost",
         "lost_event",
@@ -305,6 +307,11 @@ class _Entry:
         self.prefix = f"{self.protect}{_TAG[spec.kind]}{limit}-"
         self.name: str | None = None  # our node's name, once known
         self.czxid = 0
+        self.listing: list[str] | None = None  # the directory, read with our create
+        # The tasks of one client take turns (one node per client at a time), so listing the
+        # directory with each create saves a round trip per grant. Fair locks keep a node per
+        # waiting task: under a storm of cancelled waiters that would be a listing per create.
+        self.list_on_create = not spec.fair
         self.session_id: int | None = None  # the session that owns our node
         self.uncertain = False  # a create's outcome is unknown: adopt, do not create again
         self.creating: asyncio.Task[None] | None = None  # our create, until someone saw it end
@@ -864,7 +871,10 @@ class ZooKeeperBackend:
         """Make sure our node exists in the current session; return the directory listing."""
         for _ in range(_ENQUEUE_ATTEMPTS):
             if entry.name is not None and entry.creating is None:
-                names = await self._children(transport, entry.directory)
+                names = entry.listing
+                entry.listing = None
+                if names is None or entry.name not in names:
+                    names = await self._children(transport, entry.directory)
                 if entry.name in names and entry.session_id == transport.session_id:
                     await self._drop_strays(entry, transport, names)
                     return names
@@ -921,13 +931,22 @@ class ZooKeeperBackend:
                 connected = transport.connected and sid is not None
                 entry.stray_session = sid if connected else _ANY_SESSION
                 try:
-                    created, stat = await transport.create(
-                        base,
-                        self._data_of(entry),
-                        ephemeral=True,
-                        sequential=True,
-                        timeout=self._request_timeout,
-                    )
+                    listing = None
+                    if entry.list_on_create:  # in the same round trip (see _enqueue)
+                        created, stat, listing = await transport.create_listed(
+                            base,
+                            self._data_of(entry),
+                            directory=entry.directory,
+                            timeout=self._request_timeout,
+                        )
+                    else:
+                        created, stat = await transport.create(
+                            base,
+                            self._data_of(entry),
+                            ephemeral=True,
+                            sequential=True,
+                            timeout=self._request_timeout,
+                        )
                 except NotConnected:
                     entry.uncertain, entry.stray_session = was_uncertain, stray  # never sent
                     raise
@@ -940,6 +959,7 @@ class ZooKeeperBackend:
                 entry.name = created.rsplit("/", 1)[1]
                 entry.czxid = stat.czxid
                 entry.session_id = stat.ephemeral_owner
+                entry.listing = listing
                 return
             raise BackendError(f"could not create a node in {entry.directory!r}")
         except BackendError as exc:
