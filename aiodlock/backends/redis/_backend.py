@@ -271,9 +271,12 @@ class RedisBackend:
         return task
 
     async def settle(self) -> None:
-        """Wait for the background clean-ups (wakeups given back, wait queues left)."""
+        """Wait for the background clean-ups (wakeups given back, wait queues left), then end
+        the subscriptions that only linger."""
         while self._cleanups:
             await asyncio.wait(set(self._cleanups))
+        if self._hub is not None:
+            await self._hub.settle()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         # Background work belongs to our TaskGroup, never to a bare task; once closing,

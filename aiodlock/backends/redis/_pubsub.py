@@ -1,19 +1,22 @@
 """Pub/sub wakeups (the default): :class:`PubSubHub` and its :class:`PubSubWaiter`.
 
-ONE dedicated connection per backend carries every subscription of the process. An
-in-process registry maps each channel to its local waiters; SUBSCRIBE/UNSUBSCRIBE are
-ref-counted (sent when the first waiter arrives / the last one leaves) and batched by a
-writer task, and one reader task routes messages. Entering a waiter returns once the
-server has confirmed the channel's SUBSCRIBE (at once if it already had). Payload ``1``
-wakes the longest-waiting local waiter of the channel, ``*`` wakes them all, anything else
-is an owner id and wakes that (fair-queue) waiter only. Wakeups are *banked*: the router
-sets a flag that the next ``wait()`` consumes, so a message that arrives while the waiter
-is busy re-checking is not lost (redisson#5761). After the connection drops and comes
-back, every channel is re-subscribed and all its waiters are woken to re-check, because
-releases published while we were away are gone for good.
+ONE dedicated connection per backend carries every subscription of the process. An in-process
+registry maps each channel to its local waiters; SUBSCRIBE/UNSUBSCRIBE are ref-counted (sent
+when the first waiter arrives; the UNSUBSCRIBE once the last one has been gone for
+:data:`LINGER`, so a process that waits for one lock again and again does not subscribe on
+every wait) and batched by a writer task, and one reader task routes messages. Entering a
+waiter returns once the server has confirmed the channel's SUBSCRIBE (at once if it already
+had). Payload ``1`` wakes the longest-waiting local waiter of the channel, ``*`` wakes them
+all, anything else is an owner id and wakes that (fair-queue) waiter only. Wakeups are
+*banked*: the router sets a flag that the next ``wait()`` consumes, so a message that arrives
+while the waiter is busy re-checking is not lost (redisson#5761). After the connection drops
+and comes back, every channel is re-subscribed and all its waiters are woken to re-check,
+because releases published while we were away are gone for good.
 
 1000 waiters on one or many locks cost exactly one connection; leaving (also by
-cancellation) is synchronous bookkeeping, so nothing stays subscribed.
+cancellation) is synchronous bookkeeping, so nothing stays subscribed longer than
+:data:`LINGER` (and :meth:`PubSubHub.settle`, which the client's ``settle()`` awaits, ends
+even that at once).
 
 The connection comes from the backend's :class:`~._source.ConnectionSource` and is driven
 directly rather than through redis-py's ``PubSub``: its ``subscribe()`` only *sends*
@@ -35,6 +38,7 @@ The rules both wakeup mechanisms follow are in :mod:`._wait`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -71,6 +75,10 @@ _UNSUBSCRIBING: Final = 3
 _PING_INTERVAL: Final = 15.0
 """An idle pub/sub connection is PINGed this often; no reply within another interval means it
 is dead (a silent partition would otherwise leave every waiter on its cap)."""
+LINGER: Final = 1.0
+"""Seconds a channel stays subscribed after its last waiter left. A process that contends for
+a lock again and again (a worker loop) would otherwise pay a SUBSCRIBE and an UNSUBSCRIBE, and
+wait for the SUBSCRIBE's confirmation, on every wait."""
 _MIN_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 2.0
 
@@ -100,7 +108,16 @@ _SHARDED: Final = (b"smessage", b"ssubscribe", b"sunsubscribe", "SSUBSCRIBE", "S
 
 
 class _Channel:
-    __slots__ = ("expected", "name", "pending", "recheck", "since", "state", "waiters")
+    __slots__ = (
+        "expected",
+        "linger",
+        "name",
+        "pending",
+        "recheck",
+        "since",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -118,6 +135,8 @@ class _Channel:
         self.pending: list[asyncio.Future[BaseException | None]] = []
         # Set when the connection dropped under live waiters: wake them all on resubscribe.
         self.recheck = False
+        # While subscribed with no waiters: the timer that unsubscribes (see LINGER).
+        self.linger: asyncio.TimerHandle | None = None
 
 
 class PubSubWaiter:
@@ -212,6 +231,8 @@ class PubSubHub:
         self.closed = False
         self.connects = 0
         self.waiters = 0
+        self._settling = 0  # settle() calls running: no lingering meanwhile
+        self._changed = asyncio.Event()  # a SUBSCRIBE/UNSUBSCRIBE was answered, or we lost it
 
     # ---------------------------------------------------------------- public surface
 
@@ -262,6 +283,9 @@ class PubSubHub:
             self._task.cancel()
         error = BackendError(f"the redis backend for {self._where} is closed")
         for ch in self._channels.values():
+            if ch.linger is not None:
+                ch.linger.cancel()
+                ch.linger = None
             self._settle(ch, error)
             for w in ch.waiters:
                 w._wake(owes=False)
@@ -274,6 +298,31 @@ class PubSubHub:
             "waiters": self.waiters,
             "pubsub_connects": self.connects,
         }
+
+    async def settle(self) -> None:
+        """Unsubscribe every channel that only lingers (no waiters), now, and wait until the
+        server confirmed it (bounded by the confirmation timeout): what ``settle()`` promises,
+        the service in its final state."""
+        self._settling += 1
+        try:
+            for ch in list(self._channels.values()):
+                if ch.linger is not None:
+                    ch.linger.cancel()
+                    ch.linger = None
+                    self._mark(ch.name)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._confirm_timeout):
+                    while self._conn is not None and not self.closed and self._lingering():
+                        self._changed.clear()
+                        await self._changed.wait()
+        finally:
+            self._settling -= 1
+
+    def _lingering(self) -> bool:
+        return any(
+            not ch.waiters and not ch.pending and ch.state != _ABSENT
+            for ch in self._channels.values()
+        )
 
     # ---------------------------------------------------------------- waiter bookkeeping
 
@@ -288,6 +337,9 @@ class PubSubHub:
         ch.waiters[w] = None
         w._ch = ch
         self.waiters += 1
+        if ch.linger is not None:
+            ch.linger.cancel()
+            ch.linger = None
         if ch.expected.pop(w._owner, False):
             w._flag = True  # its wakeup came before it did
         if ch.state == _SUBSCRIBED:
@@ -333,8 +385,20 @@ class PubSubHub:
             if ch.state == _ABSENT and not ch.pending:
                 del self._channels[ch.name]
             elif ch.state == _SUBSCRIBED:
-                self._mark(ch.name)
+                self._linger(ch)
             # SUBSCRIBING/UNSUBSCRIBING: the server's reply decides (see _on_*).
+
+    def _linger(self, ch: _Channel) -> None:
+        """Unsubscribe ``ch`` (no waiters now) unless a waiter joins within LINGER."""
+        if self._settling:
+            self._mark(ch.name)
+        elif ch.linger is None and not self.closed:
+            ch.linger = asyncio.get_running_loop().call_later(LINGER, self._lingered, ch)
+
+    def _lingered(self, ch: _Channel) -> None:
+        ch.linger = None
+        if self._channels.get(ch.name) is ch and not ch.waiters:
+            self._mark(ch.name)
 
     def _mark(self, name: bytes) -> None:
         self._dirty.add(name)
@@ -377,6 +441,7 @@ class PubSubHub:
                 ch.expected[data] = True
 
     def _on_subscribe(self, name: bytes) -> None:
+        self._changed.set()
         ch = self._channels.get(name)
         if ch is None:
             ch = self._channels[name] = _Channel(name)
@@ -389,9 +454,10 @@ class PubSubHub:
             for w in ch.waiters:
                 w._wake(owes=False)
         if not ch.waiters:
-            self._mark(name)
+            self._linger(ch)
 
     def _on_unsubscribe(self, name: bytes) -> None:
+        self._changed.set()
         ch = self._channels.get(name)
         if ch is None:
             return
@@ -424,6 +490,7 @@ class PubSubHub:
                 self._evict(ch)
 
     def _on_disconnect(self) -> None:
+        self._changed.set()
         if self._sharded:
             # The master may be gone for good (failover): every channel finds its slot anew.
             self._evict_all()

@@ -264,9 +264,12 @@ class RedlockBackend:
         return task
 
     async def settle(self) -> None:
-        """Wait for the releases still running on slow masters."""
+        """Wait for the releases still running on slow masters, then end the subscriptions
+        that only linger."""
         while self._background:
             await asyncio.wait(set(self._background))
+        for hub in self._hubs:
+            await hub.settle()
 
     # ---------------------------------------------------------------- protocol
 

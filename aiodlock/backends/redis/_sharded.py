@@ -160,6 +160,11 @@ class ShardedHub:
         for hub in self._hubs.values():
             hub.close()
 
+    async def settle(self) -> None:
+        """See :meth:`PubSubHub.settle`, on every master's hub."""
+        for hub in list(self._hubs.values()):
+            await hub.settle()
+
     def hub_for(self, channel: bytes) -> PubSubHub:
         """The hub of the master that serves ``channel``'s slot (made on first use)."""
         if self.closed or self._spawn is None:
