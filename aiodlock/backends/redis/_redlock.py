@@ -70,6 +70,11 @@ _DEFAULT_DRIFT_FACTOR: Final = 0.01
 _DRIFT_FLOOR: Final = 0.002  # the Redis docs' "+ 2 ms"
 _DEFAULT_NODE_TIMEOUT: Final = 0.1  # of ttl
 _MIN_NODE_TIMEOUT: Final = 0.05  # seconds: below this a busy machine answers "no" too often
+_WRITE_PHASE_CAP: Final = 1.0
+"""Seconds the fencing write phase may wait beyond node_timeout (within the grant's validity):
+the masters it writes to answered a moment ago, so only a stall (a loaded machine) delays it,
+and with a short ttl node_timeout alone (50 ms at ttl 0.5) turned such stalls into failed
+acquisitions."""
 _DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
 _DEFAULT_SOCKET_TIMEOUT: Final = 2.0
 
@@ -336,7 +341,11 @@ class RedlockBackend:
             await rnd.gather(self._timeout(ttl), enough)
             granted = {i: int(v[1]) for i, v in rnd.replies.items() if v[0] == 1}
             if len(granted) >= need:
-                token = await self._raise_fence(keys, granted, ttl)
+                # The write phase may take until the grant's validity ends (a grant is usable
+                # until then), but at least node_timeout and at most _WRITE_PHASE_CAP more.
+                left = start + ttl - self._drift_of(ttl) - loop.time()
+                budget = max(self._timeout(ttl), min(left, _WRITE_PHASE_CAP))
+                token = await self._raise_fence(keys, granted, budget)
                 fenced = token is not None
                 if token is not None:
                     # Valid until start + ttl - drift. A quorum whose replies were read only
@@ -445,8 +454,11 @@ class RedlockBackend:
             if not flights:
                 del self._flights[owner]
 
-    async def _raise_fence(self, keys: Keys, granted: dict[int, int], ttl: float) -> int | None:
-        """The write phase: make the quorum's maximum token known to a quorum of masters."""
+    async def _raise_fence(
+        self, keys: Keys, granted: dict[int, int], budget: float
+    ) -> int | None:
+        """The write phase: make the quorum's maximum token known to a quorum of masters
+        within ``budget`` seconds."""
         token = max(granted.values())
         have = sum(1 for t in granted.values() if t >= token)
         if have >= self._majority:
@@ -459,7 +471,7 @@ class RedlockBackend:
             for i, source in enumerate(self._sources)
         ]
         rnd = Round(futures)
-        await rnd.gather(self._timeout(ttl), lambda r: len(r.replies) >= self._majority)
+        await rnd.gather(budget, lambda r: len(r.replies) >= self._majority)
         if len(rnd.replies) >= self._majority:
             return token
         _log.warning(
@@ -700,7 +712,7 @@ class RedlockBackend:
                 f"{len(self._sources)} masters answered, a quorum is {self._majority}"
             ) from rnd.first_error()
         bumped = {i: int(v[1]) for i, v in rnd.replies.items()}
-        if await self._raise_fence(keys, bumped, timeout) is None:
+        if await self._raise_fence(keys, bumped, self._timeout(timeout)) is None:
             raise BackendError(f"redis break failed on {self._where}: the token write failed")
         return max(int(v[0]) for v in rnd.replies.values())
 
