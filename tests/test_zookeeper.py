@@ -812,7 +812,9 @@ async def _guarded_increment(
     locks: aiodlock.LockClient, who: str, history: History, counter: dict[str, int]
 ) -> bool:
     """One read-sleep-write round of ``counter["value"]`` under the lock; False (counted in
-    ``counter["lost"]``) if the lease was lost in it."""
+    ``counter["lost"]``) if the lease was lost in it, or (in ``counter["unavailable"]``) if
+    the service could not be reached in time (a reconnect slower than the request timeout:
+    the caller gets BackendError and tries again, as an application would)."""
     try:
         async with locks.lock("stock", ttl=2, timeout=60) as lease:
             with history.hold(who, lease.fencing_token):
@@ -821,6 +823,11 @@ async def _guarded_increment(
                 counter["value"] = seen + 1
     except aiodlock.LockLostError:
         counter["lost"] += 1
+        return False
+    except aiodlock.BackendError:
+        counter["unavailable"] = counter.get("unavailable", 0) + 1
+        if counter["unavailable"] > 10:
+            raise  # not a slow reconnect: the service stays unreachable
         return False
     return True
 
@@ -883,7 +890,8 @@ async def test_pausing_a_member_moves_its_clients_to_the_others(
     assert victim_address not in moved
     # Silent for 2/3 of the session timeout, a connection is given up while the session
     # usually still lives on the other members; on a loaded machine the reconnect can take
-    # past the session timeout (a new session then), which the rounds above survive too.
+    # past the session timeout (a new session then), which the rounds above survive too, and
+    # past a request's timeout (a round fails with BackendError and is tried again).
 
 
 # ---------------------------------------------------------------------- the example
