@@ -758,22 +758,25 @@ class ZKTransport:
         return str(response.path), _stat(response.stat)
 
     async def create_listed(
-        self, path: str, data: bytes, *, directory: str, timeout: float
+        self, path: str, data: bytes, *, directory: str | None, timeout: float
     ) -> tuple[str, NodeStat, list[str] | None]:
         """Create an ephemeral sequential node and list ``directory`` in the same round trip.
 
         The listing is sent right behind the create, on the same connection, and the server
         answers a session's requests in order, so it already shows the new node. It is
         ``None`` if it failed or did not come with the create's reply (the caller lists
-        again). Sent once, like every create.
+        again), or if ``directory`` is None (nothing is listed). Sent once, like every create.
         """
         request = protocol.Create2Request(path=path, data=data, acl=_OPEN_ACL)
         request.set_flags(True, True, False)
-        follow = _Follow(protocol.GetChildren2Request(path=directory, watch=False))
+        follow = None
+        if directory is not None:
+            follow = _Follow(protocol.GetChildren2Request(path=directory, watch=False))
         response = await self._call(
             request, wait=True, timeout=timeout, idempotent=False, follow=follow
         )
-        return str(response.path), _stat(response.stat), await follow.children()
+        listing = None if follow is None else await follow.children()
+        return str(response.path), _stat(response.stat), listing
 
     async def children(
         self, path: str, *, watch: bool = False, wait: bool = True, timeout: float

@@ -931,22 +931,13 @@ class ZooKeeperBackend:
                 connected = transport.connected and sid is not None
                 entry.stray_session = sid if connected else _ANY_SESSION
                 try:
-                    listing = None
-                    if entry.list_on_create:  # in the same round trip (see _enqueue)
-                        created, stat, listing = await transport.create_listed(
-                            base,
-                            self._data_of(entry),
-                            directory=entry.directory,
-                            timeout=self._request_timeout,
-                        )
-                    else:
-                        created, stat = await transport.create(
-                            base,
-                            self._data_of(entry),
-                            ephemeral=True,
-                            sequential=True,
-                            timeout=self._request_timeout,
-                        )
+                    # Listed in the same round trip (see _enqueue), unless a fair lock's.
+                    created, stat, listing = await transport.create_listed(
+                        base,
+                        self._data_of(entry),
+                        directory=entry.directory if entry.list_on_create else None,
+                        timeout=self._request_timeout,
+                    )
                 except NotConnected:
                     entry.uncertain, entry.stray_session = was_uncertain, stray  # never sent
                     raise

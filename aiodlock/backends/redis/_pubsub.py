@@ -138,6 +138,14 @@ class _Channel:
         # While subscribed with no waiters: the timer that unsubscribes (see LINGER).
         self.linger: asyncio.TimerHandle | None = None
 
+    def stop_lingering(self) -> bool:
+        """Cancel the unsubscribe timer; True if there was one."""
+        if self.linger is None:
+            return False
+        self.linger.cancel()
+        self.linger = None
+        return True
+
 
 class PubSubWaiter:
     """One waiting acquisition on a pub/sub channel; an async context manager (see module)."""
@@ -283,9 +291,7 @@ class PubSubHub:
             self._task.cancel()
         error = BackendError(f"the redis backend for {self._where} is closed")
         for ch in self._channels.values():
-            if ch.linger is not None:
-                ch.linger.cancel()
-                ch.linger = None
+            ch.stop_lingering()
             self._settle(ch, error)
             for w in ch.waiters:
                 w._wake(owes=False)
@@ -306,9 +312,7 @@ class PubSubHub:
         self._settling += 1
         try:
             for ch in list(self._channels.values()):
-                if ch.linger is not None:
-                    ch.linger.cancel()
-                    ch.linger = None
+                if ch.stop_lingering():
                     self._mark(ch.name)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._confirm_timeout):
@@ -337,9 +341,7 @@ class PubSubHub:
         ch.waiters[w] = None
         w._ch = ch
         self.waiters += 1
-        if ch.linger is not None:
-            ch.linger.cancel()
-            ch.linger = None
+        ch.stop_lingering()
         if ch.expected.pop(w._owner, False):
             w._flag = True  # its wakeup came before it did
         if ch.state == _SUBSCRIBED:

@@ -341,19 +341,20 @@ class RedlockBackend:
             await rnd.gather(self._timeout(ttl), enough)
             granted = {i: int(v[1]) for i, v in rnd.replies.items() if v[0] == 1}
             if len(granted) >= need:
+                valid_until = start + ttl - self._drift_of(ttl)
                 # The write phase may take until the grant's validity ends (a grant is usable
                 # until then), but at least node_timeout and at most _WRITE_PHASE_CAP more.
-                left = start + ttl - self._drift_of(ttl) - loop.time()
+                left = valid_until - loop.time()
                 budget = max(self._timeout(ttl), min(left, _WRITE_PHASE_CAP))
                 token = await self._raise_fence(keys, granted, budget)
                 fenced = token is not None
                 if token is not None:
-                    # Valid until start + ttl - drift. A quorum whose replies were read only
-                    # after that (the event loop stalled) is returned all the same, already
-                    # invalid: the core treats it as lost at once (the body is cancelled,
-                    # LockLostError, the lock released), as every backend does with a grant
-                    # whose reply came later than its lease.
-                    self._valid[owner] = start + ttl - self._drift_of(ttl)
+                    # A quorum whose replies were read only after valid_until (the event loop
+                    # stalled) is returned all the same, already invalid: the core treats it
+                    # as lost at once (the body is cancelled, LockLostError, the lock
+                    # released), as every backend does with a grant whose reply came later
+                    # than its lease.
+                    self._valid[owner] = valid_until
                     self._ttls[owner] = ttl
                     return Grant(token)
         except BaseException:
