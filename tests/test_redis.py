@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
@@ -91,6 +92,91 @@ async def test_local_waiters_take_turns_and_cost_one_server_waiter(redis_url: st
         await holder.release()
         await asyncio.gather(*workers)
         assert order == list(range(200))
+
+
+async def _registered(raw: aioredis.Redis, namespace: str, name: str) -> list[bytes]:
+    """The clients registered as waiting for a mutex, longest-waiting first (pub/sub mode)."""
+    members = await raw.zrange(f"{{{namespace}:{name}}}:clients", 0, -1)
+    return [m for m in members if isinstance(m, bytes)]
+
+
+async def test_a_release_wakes_the_longest_waiting_client_only(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """Pub/sub mode wakes one client per release, the one that registered first, rather than
+    every waiting process (which all try at once, and the fastest wins): five clients that
+    began waiting one after another get the lock in that order, each woken by the release
+    before it. With the holder's 30 s lease, a wakeup that went missing would time out."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(aiodlock.connect(redis_url, namespace="wakeone"))
+            for _ in range(6)
+        ]
+        holder = await clients[0].lock("k", ttl=30).acquire()
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with clients[i].lock("k", ttl=30, timeout=20):
+                order.append(i)
+
+        tasks = []
+        for i in range(1, 6):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await eventually(partial(_has, raw, "wakeone", "k", i))
+        await holder.release()
+        await asyncio.gather(*tasks)
+        assert await _registered(raw, "wakeone", "k") == []
+    assert order == [1, 2, 3, 4, 5]
+
+
+async def _has(raw: aioredis.Redis, namespace: str, name: str, count: int) -> bool:
+    return len(await _registered(raw, namespace, name)) == count
+
+
+async def test_a_registered_client_that_is_gone_does_not_swallow_the_release(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A client that registered as waiting and then died (its channel has no subscriber) is
+    skipped: the release wakes the next registered client, long before the 30 s lease."""
+    async with (
+        aiodlock.connect(redis_url, namespace="gone") as a,
+        aiodlock.connect(redis_url, namespace="gone") as b,
+    ):
+        holder = await a.lock("k", ttl=30).acquire()
+        await raw.zadd("{gone:k}:clients", {"0123456789abcdef": 0})  # first in line, dead
+        waiting = asyncio.create_task(b.lock("k", ttl=30).acquire(timeout=10))
+        await eventually(partial(_has, raw, "gone", "k", 2))
+        await holder.release()
+        lease = await waiting
+        await lease.release()
+        assert await _registered(raw, "gone", "k") == []
+
+
+async def test_a_wakeup_that_finds_its_waiter_gone_is_passed_on(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A client whose waiter gave up stays registered, and its channel stays subscribed for
+    a moment (LINGER): the release that picks it wakes nobody there, so the client hands the
+    wakeup on to the next registered client rather than leaving it to wait out the holder's
+    30 s lease."""
+    async with (
+        aiodlock.connect(redis_url, namespace="passon") as a,
+        aiodlock.connect(redis_url, namespace="passon") as b,
+        aiodlock.connect(redis_url, namespace="passon") as c,
+    ):
+        holder = await a.lock("k", ttl=30).acquire()
+        gives_up = asyncio.create_task(b.lock("k", ttl=30).acquire(timeout=20))
+        await eventually(partial(_has, raw, "passon", "k", 1))
+        patient = asyncio.create_task(c.lock("k", ttl=30).acquire(timeout=20))
+        await eventually(partial(_has, raw, "passon", "k", 2))
+        gives_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gives_up
+        assert b.statistics().backend["subscribed_channels"] == 1  # it lingers
+        await holder.release()
+        lease = await patient
+        await lease.release()
+        assert b.statistics().backend["wakeups_passed_on"] == 1
 
 
 async def test_renew_never_resurrects(redis_url: str, raw: aioredis.Redis) -> None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import logging
 import math
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -60,7 +61,7 @@ from .._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, Loc
 from . import _scripts as lua
 from ._blpop import BlockingSignals, BlpopWaiter
 from ._cluster import ClusterSource
-from ._keys import Keys, keys_for, namespace_match, split_key
+from ._keys import Keys, keys_for, namespace_match, split_key, wake_next_keys
 from ._node import NodeSource
 from ._pubsub import PubSubHub, PubSubWaiter
 from ._sentinel import SentinelSource
@@ -104,6 +105,9 @@ def _fence_ms(fence_ttl: object) -> int:
 def _lease_ms(ttl: float) -> int:
     # Round up: the server must never expire a lease before the client thinks it could.
     return max(1, math.ceil(ttl * 1000.0))
+
+
+_log = logging.getLogger("aiodlock.redis")
 
 
 def _busy(ms: int) -> Busy:
@@ -207,8 +211,11 @@ class RedisBackend:
         self._entries = _Entries()
         self._opened = False
         self._closed = False
-        # Names this client in the mutex scripts' courtesy after a release (T:yield).
+        # Names this client in the mutex scripts: its courtesy after a release (T:yield), its
+        # place among the waiting clients and its own channel (pub/sub mode, T:clients).
         self._client_id = secrets.token_hex(8)
+        self._client = self._client_id.encode()
+        self._passed_on = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -227,7 +234,9 @@ class RedisBackend:
         if self._wakeup == "pubsub":
             source = self._source
             self._hub = (
-                ShardedHub(source) if isinstance(source, ClusterSource) else PubSubHub(source)
+                ShardedHub(source, unclaimed=self._pass_on)
+                if isinstance(source, ClusterSource)
+                else PubSubHub(source, unclaimed=self._pass_on)
             )
             self._hub.start(tg.create_task)
         else:
@@ -301,10 +310,13 @@ class RedisBackend:
         return self._where
 
     def statistics(self) -> Mapping[str, Any]:
-        """``pubsub_connections``, ``subscribed_channels``, ``waiters`` and friends."""
+        """``pubsub_connections``, ``subscribed_channels``, ``waiters`` and friends;
+        pub/sub mode also ``wakeups_passed_on``: wakeups that reached this client after its
+        waiter had left, handed on to the next waiting client."""
         stats: dict[str, Any] = {"wakeup": self._wakeup}
         if self._hub is not None:
             stats.update(self._hub.statistics())
+            stats["wakeups_passed_on"] = self._passed_on
         elif self._signals is not None:
             stats.update(self._signals.statistics())
         else:
@@ -332,6 +344,8 @@ class RedisBackend:
                         return await self._fair_attempt(keys, owner, ms, first=True)
                     async with self._entries.turn(keys.mutex):
                         return await self._fair_attempt(keys, owner, ms, first=False)
+                elif self._hub is not None:
+                    return await self._mutex_attempt(keys, owner, ms)
                 else:
                     mutex_keys = keys.mutex_acquire if signals is None else keys.mutex_acquire_l
                     reply = await call(
@@ -360,6 +374,78 @@ class RedisBackend:
         if reply[0] == -1:  # SEM_ACQUIRE: the holders use another limit; nothing was taken
             raise LimitMismatchError(spec.name, int(reply[1]), spec.limit)
         return _busy(reply[1])
+
+    async def _mutex_attempt(self, keys: Keys, owner: str, ms: int) -> Grant | Busy:
+        # Pub/sub mode. A refusal registers this client among the lock's waiting clients
+        # when its channel for the lock is live as the attempt is sent (_mutex_send); then
+        # the re-check after arming is answered here (see _Rechecks).
+        rechecks = self._rechecks
+        answer = rechecks.answer(owner)
+        if answer is not None:
+            return answer
+        channel = keys.client_signal(self._client)
+        try:
+            reply = await self._source.call(self._mutex_send, keys, channel, owner, ms)
+        except BaseException:
+            self._unexpect(channel, owner)
+            raise
+        if reply[0] == 1:
+            self._unexpect(channel, owner)
+            return Grant(reply[1])
+        busy = _busy(reply[1])
+        if rechecks.refused(owner, busy):
+            # The core arms the waiter in this very loop step; an attempt that is not
+            # followed by a wait (a single try) stops being expected with the step.
+            asyncio.get_running_loop().call_soon(self._unexpect, channel, owner)
+        return busy
+
+    async def _mutex_send(
+        self, client: aioredis.Redis, keys: Keys, channel: bytes, owner: str, ms: int
+    ) -> Any:
+        # Once a connection is ours: if our channel for the lock is live now, a release
+        # after this attempt that wakes us is heard, and kept until the waiter joins.
+        hub = self._hub
+        assert hub is not None
+        live = hub.subscription(channel)
+        if live:
+            hub.expect(channel, owner)
+            self._rechecks.sent(owner, live)
+        return await self._attempts.run(
+            client,
+            lua.MUTEX_ACQUIRE,
+            keys.mutex_acquire_c,
+            owner,
+            ms,
+            self._client_id,
+            "r" if live else "-",
+            self._fence_ms,
+        )
+
+    def _unexpect(self, channel: bytes, owner: str) -> None:
+        """``owner`` will not wait (granted, failed, or it was a single try): a wakeup kept
+        for it goes on to the next client."""
+        self._rechecks.drop(owner)
+        hub = self._hub
+        if hub is not None and hub.forget(channel, owner):
+            self._pass_on(channel)
+
+    def _pass_on(self, channel: bytes) -> None:
+        """A wakeup reached one of this client's mutex channels with nobody left to use it:
+        the next registered client gets it (``WAKE_NEXT``), in the background."""
+        keys = wake_next_keys(channel, self._client)
+        if keys is not None:
+            self._passed_on += 1
+            self._clean_up(self._wake_next(keys))
+
+    async def _wake_next(self, keys: tuple[bytes, ...]) -> None:
+        try:
+            with self._errors["release"]:
+                await self._source.call_first(
+                    lua.run, lua.WAKE_NEXT, keys, self._client_id, self._mode
+                )
+        except BackendError as exc:
+            # The other waiters still re-check when their current holder's lease runs out.
+            _log.debug("passing a wakeup on failed: %s", exc)
 
     async def _fair_attempt(
         self, keys: Keys, owner: str, ms: int, *, first: bool
@@ -450,7 +536,7 @@ class RedisBackend:
                     done = await call(
                         lua.run,
                         lua.MUTEX_RELEASE,
-                        keys.mutex_release,
+                        keys.mutex_release if self._signals is not None else keys.mutex_release_c,
                         owner,
                         mode,
                         self._client_id,
@@ -563,7 +649,7 @@ class RedisBackend:
 
     def waiter(
         self, spec: LockSpec, owner: str
-    ) -> PubSubWaiter | ShardedWaiter | BlpopWaiter | _FairWaiter:
+    ) -> PubSubWaiter | ShardedWaiter | BlpopWaiter | _ArmedWaiter:
         """Arm a wakeup for one waiting acquisition (see :mod:`._pubsub`, :mod:`._blpop`).
 
         A fair waiter that ends with an exception (cancelled, timed out) also leaves the queue
@@ -571,20 +657,26 @@ class RedisBackend:
         its turn: until then it would be a dead head that everyone behind it waits for.
         """
         inner = self._waiter(spec, owner)
+        hub = self._hub
         if spec.fair:
-            return _FairWaiter(
-                inner, partial(self._joined, spec, owner), partial(self._leave_now, spec, owner)
+            channel = keys_for(spec.namespace, spec.name).signal
+            return _ArmedWaiter(
+                inner,
+                partial(self._joined, channel, owner),
+                partial(self._leave_now, spec, owner),
             )
+        if hub is not None and spec.kind is Kind.MUTEX:
+            channel = keys_for(spec.namespace, spec.name).client_signal(self._client)
+            return _ArmedWaiter(inner, partial(self._joined, channel, owner), None)
         return inner
 
-    def _joined(self, spec: LockSpec, owner: str) -> None:
+    def _joined(self, channel: bytes, owner: str) -> None:
         # The waiter is armed. If the channel has stayed live since the attempt was sent,
         # every release after that attempt has reached the waiter (or was kept for it), so
         # the core's re-check can be answered without asking the server again.
         hub = self._hub
         if hub is not None:
-            keys = keys_for(spec.namespace, spec.name)
-            self._rechecks.joined(owner, hub.subscription(keys.signal))
+            self._rechecks.joined(owner, hub.subscription(channel))
 
     def _leave_now(self, spec: LockSpec, owner: str) -> None:
         attempts = self._attempts
@@ -603,7 +695,9 @@ class RedisBackend:
         hub = self._hub
         if hub is not None:
             if kind is Kind.MUTEX:
-                return hub.waiter(keys.signal, owner)
+                if spec.fair:
+                    return hub.waiter(keys.signal, owner)
+                return hub.waiter(keys.client_signal(self._client), owner)
             if kind is Kind.SEMAPHORE:
                 return hub.waiter(keys.sem_signal, owner)
             return hub.waiter(keys.rw_signal, owner)
@@ -779,9 +873,9 @@ class _Attempts:
         self._places.add(owner)
 
 
-class _FairWaiter:
-    """The wakeup of a fair waiter: ``joined`` is called once it is armed, ``leave`` when it
-    is left with an exception."""
+class _ArmedWaiter:
+    """A wakeup whose arming the backend follows: ``joined`` is called once it is armed,
+    ``leave`` (if any) when it is left with an exception (a fair waiter leaves its queue)."""
 
     __slots__ = ("_inner", "_joined", "_leave")
 
@@ -789,13 +883,13 @@ class _FairWaiter:
         self,
         inner: PubSubWaiter | ShardedWaiter | BlpopWaiter,
         joined: Callable[[], None],
-        leave: Callable[[], None],
+        leave: Callable[[], None] | None,
     ) -> None:
         self._inner = inner
         self._joined = joined
         self._leave = leave
 
-    async def __aenter__(self) -> _FairWaiter:
+    async def __aenter__(self) -> _ArmedWaiter:
         await self._inner.__aenter__()
         self._joined()
         return self
@@ -806,7 +900,7 @@ class _FairWaiter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None:
+        if exc_type is not None and self._leave is not None:
             self._leave()
         await self._inner.__aexit__(exc_type, exc, tb)
 
@@ -848,11 +942,13 @@ class _Entries:
 
 
 class _Rechecks:
-    """Fair waiters (pub/sub mode) whose re-check may be answered without a round trip.
+    """Waiters (pub/sub mode: fair ones, and mutex waiters whose client registers) whose
+    re-check may be answered without a round trip.
 
     The core re-checks right after arming a wakeup, because a release between the refused
     attempt and the arming would otherwise be missed. A fair waiter's wakeup is addressed to
-    it by owner id; when the lock's channel was live before the attempt was sent, and is
+    it by owner id, a mutex waiter's to its client (which its refusal registered, on the
+    client's own channel); when that channel was live before the attempt was sent, and is
     still the same subscription once the waiter is armed, every such wakeup published after
     the attempt has reached the hub, which keeps it for the waiter (``PubSubHub.expect``).
     Then nothing can have been missed, and the re-check is the attempt's own refusal again
@@ -871,10 +967,13 @@ class _Rechecks:
     def sent(self, owner: str, subscription: int) -> None:
         self._by_owner[owner] = (subscription, None, False)
 
-    def refused(self, owner: str, busy: Busy) -> None:
+    def refused(self, owner: str, busy: Busy) -> bool:
+        """Note ``owner``'s refusal; False if its attempt was not sent on a live channel."""
         entry = self._by_owner.get(owner)
-        if entry is not None:
-            self._by_owner[owner] = (entry[0], busy, False)
+        if entry is None:
+            return False
+        self._by_owner[owner] = (entry[0], busy, False)
+        return True
 
     def joined(self, owner: str, subscription: int) -> None:
         entry = self._by_owner.get(owner)

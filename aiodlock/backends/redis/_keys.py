@@ -11,6 +11,8 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:yield          STRING  mutex: client that released it to waiting others (PX 30 ms)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
     T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
+    T:signal:CLIENT  pub/sub mode: the mutex channel of one client's waiters
+    T:clients        pub/sub mode: ZSET client id -> when it registered, ms  (PEXPIRE)
     T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
     T:writer         STRING  read-write lock: the writer                     (PX = lease)
     T:readers        ZSET    read-write lock: owner -> lease expiry, ms      (PEXPIREAT)
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["Keys", "keys_for", "namespace_match", "split_key"]
+__all__ = ["Keys", "keys_for", "namespace_match", "split_key", "wake_next_keys"]
 
 
 class Keys:
@@ -59,13 +61,16 @@ class Keys:
         "break_mutex",
         "break_rw",
         "break_sem",
+        "clients",
         "fair_acquire",
         "fair_release",
         "inspect",
         "mutex",
         "mutex_acquire",
+        "mutex_acquire_c",
         "mutex_acquire_l",
         "mutex_release",
+        "mutex_release_c",
         "mutex_waiters",
         "note",
         "read_acquire",
@@ -84,6 +89,7 @@ class Keys:
         "sem_signal",
         "sem_waiters",
         "signal",
+        "wake_next",
         "write_acquire",
         "write_acquire_l",
         "write_release",
@@ -131,7 +137,15 @@ class Keys:
             self.sem,
             self.sem_waiters,
         )
-        self.break_mutex = (tag, fence, self.note, self.signal, self.mutex_waiters, queue)
+        # Pub/sub mode: the mutex scripts also take the registry of waiting clients (see
+        # _scripts.MUTEX_RELEASE).
+        self.clients = tag + b":clients"
+        self.mutex_acquire_c = (*self.mutex_acquire, self.clients)
+        self.mutex_release_c = (*self.mutex_release, self.clients)
+        self.wake_next = (tag, self.clients, self.signal)
+        self.break_mutex = (
+            tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients
+        )
         self.break_rw = (
             self.writer,
             fence,
@@ -148,6 +162,13 @@ class Keys:
         self.write_acquire_l = (*self.write_acquire, self.rw_waiters, self.rw_signal, self.rsignal)
         self.sem_acquire_l = (*self.sem_acquire, self.sem_waiters, self.sem_signal)
 
+    def client_signal(self, client: bytes) -> bytes:
+        """``T:signal:CLIENT``: the mutex channel of one client's waiters (pub/sub mode).
+
+        The scripts derive the same name (``signal .. ':' .. client``) from ``T:signal``.
+        """
+        return self.signal + b":" + client
+
     def owner_signal(self, owner: str) -> bytes:
         """``T:signal:OWNER``: the BLPOP list of one fair waiter (the fair queue guards it).
 
@@ -161,6 +182,15 @@ def keys_for(namespace: str, name: str) -> Keys:
     """The (cached) :class:`Keys` of ``name`` in ``namespace``."""
     # Bounded: an application locking millions of distinct names must not grow us forever.
     return Keys(namespace, name)
+
+
+def wake_next_keys(channel: bytes, client: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The keys ``WAKE_NEXT`` takes for ``channel`` if it is one of ``client``'s mutex
+    channels (``T:signal:CLIENT``); ``None`` for any other channel."""
+    tag = channel[: channel.rfind(b"}") + 1]
+    if not tag or channel[len(tag) :] != b":signal:" + client:
+        return None
+    return (tag, tag + b":clients", tag + b":signal")
 
 
 def namespace_match(namespace: str) -> str:

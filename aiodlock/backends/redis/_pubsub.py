@@ -9,8 +9,11 @@ waiter returns once the server has confirmed the channel's SUBSCRIBE (at once if
 had). Payload ``1`` wakes the longest-waiting local waiter of the channel, ``*`` wakes them
 all, anything else is an owner id and wakes that (fair-queue) waiter only. Wakeups are
 *banked*: the router sets a flag that the next ``wait()`` consumes, so a message that arrives
-while the waiter is busy re-checking is not lost (redisson#5761). After the connection drops
-and comes back, every channel is re-subscribed and all its waiters are woken to re-check,
+while the waiter is busy re-checking is not lost (redisson#5761); one that arrives before its
+waiter does is kept if an owner is expected (:meth:`PubSubHub.expect`). A ``1`` that nobody
+here can use (its waiter gave up) goes to the hub's ``unclaimed`` callback, which hands it on
+to another client (a client's own mutex channels, see :mod:`._scripts`). After the connection
+drops and comes back, every channel is re-subscribed and all its waiters are woken to re-check,
 because releases published while we were away are gone for good.
 
 1000 waiters on one or many locks cost exactly one connection; leaving (also by
@@ -219,8 +222,11 @@ class PubSubHub:
         *,
         sharded: bool = False,
         ids: Iterator[int] | None = None,
+        unclaimed: Callable[[bytes], None] | None = None,
     ) -> None:
         self._source = source
+        # Called with a channel's name when a "1" reached it that no waiter here can use.
+        self._unclaimed = unclaimed
         self._sharded = sharded
         self._kinds = _SHARDED if sharded else _PLAIN
         # Subscription numbers (see subscription()); hubs that share ``ids`` never reuse one.
@@ -272,11 +278,13 @@ class PubSubHub:
         if ch is not None and ch.state == _SUBSCRIBED:
             ch.expected[owner.encode("utf-8", "surrogatepass")] = False
 
-    def forget(self, channel: bytes, owner: str) -> None:
-        """Stop keeping wakeups for ``owner`` (it will not wait after all)."""
+    def forget(self, channel: bytes, owner: str) -> bool:
+        """Stop keeping wakeups for ``owner`` (it will not wait after all); True if one was
+        kept for it (the caller decides whether it goes on to someone else)."""
         ch = self._channels.get(channel)
-        if ch is not None:
-            ch.expected.pop(owner.encode("utf-8", "surrogatepass"), None)
+        if ch is None:
+            return False
+        return ch.expected.pop(owner.encode("utf-8", "surrogatepass"), False)
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
         """Run the supervisor (:meth:`run`) as a task made by ``spawn`` (the owner's group)."""
@@ -381,7 +389,7 @@ class PubSubHub:
         if w._owes and (failed or w._flag):
             # We took a "wake one" and will not use it (cancelled or timed out before the
             # re-check, or it arrived as we left with the lock): pass it on.
-            self._wake_one(ch)
+            self._pass_one(ch)
         w._flag = w._owes = False
         if not ch.waiters:
             if ch.state == _ABSENT and not ch.pending:
@@ -419,18 +427,30 @@ class PubSubHub:
 
     # ---------------------------------------------------------------- routing
 
-    def _wake_one(self, ch: _Channel) -> None:
+    def _pass_one(self, ch: _Channel) -> None:
+        """Give a "wake one" to the longest-waiting waiter not woken yet; else keep it for an
+        owner about to wait; else it is unclaimed here."""
         for w in ch.waiters:
             if not w._flag:
                 w._wake(owes=True)
                 return
+        if ch.waiters:
+            return  # all woken already: their re-checks come after this release
+        for owner, kept in ch.expected.items():
+            if not kept:
+                ch.expected[owner] = True
+                return
+        if self._unclaimed is not None and not self.closed:
+            self._unclaimed(ch.name)
 
     def _route(self, name: bytes, data: bytes) -> None:
         ch = self._channels.get(name)
         if ch is None:
+            if data == _ONE and self._unclaimed is not None and not self.closed:
+                self._unclaimed(name)  # unsubscribed as it came
             return
         if data == _ONE:
-            self._wake_one(ch)
+            self._pass_one(ch)
         elif data == _ALL:
             for w in ch.waiters:
                 w._wake(owes=False)

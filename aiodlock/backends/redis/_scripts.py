@@ -15,6 +15,12 @@ Notification modes (the ``mode`` argument): ``p`` PUBLISH on ``T:signal``; ``s``
 exists, so a release with nobody waiting writes nothing. Pub/sub payloads: ``1`` wakes one
 local waiter, ``*`` wakes all of them, anything else is the owner id of the one fair waiter.
 
+Pub/sub mode wakes a mutex's waiters one *client* at a time: a client that waits registers in
+``T:clients`` (in the same step as the refusal that makes it wait), and a release pops the
+longest-registered client and publishes on that client's own channel ``T:signal:CLIENT``
+(:data:`WAKE_CLIENT`), rather than on ``T:signal``, which every waiting process hears and
+answers with an attempt of its own, all but one of them refused.
+
 Busy replies carry milliseconds: how long until it is worth trying again.
 
 This module knows nothing about connections: :func:`run` and :func:`load_all` take whatever
@@ -55,6 +61,7 @@ __all__ = [
     "WAIT_ARM",
     "WAIT_LEAVE",
     "WAIT_SLICE_MS",
+    "WAKE_NEXT",
     "WRITE_ACQUIRE",
     "WRITE_RELEASE",
     "ZSET_RENEW",
@@ -230,6 +237,42 @@ local function leave_on_grant(owner, registry, lists)
 end
 """
 
+# wake_client(clients, signal, mode, skip): pop the longest-registered client of a mutex's
+# registry and publish "1" on its own channel (signal .. ':' .. client), until one is reached:
+# a channel without subscribers (the client crashed, or stopped waiting long ago) counts 0, and
+# its entry is gone with the pop. Returns the client woken, or false. ``skip``: a client that
+# is passing a wakeup on must not be handed it back.
+_WAKE_CLIENT = (
+    _NOTIFY
+    + """
+local function wake_client(clients, signal, mode, skip)
+  while true do
+    local head = redis.call('ZPOPMIN', clients)
+    local client = head[1]
+    if not client then return false end
+    if client ~= skip and notify(signal .. ':' .. client, '1', mode, 1, false) > 0 then
+      return client
+    end
+  end
+end
+"""
+)
+
+# register(clients, client, lock): put a refused client at the end of the mutex's registry
+# (NX: a client already there keeps its place). The registry outlives the holder's lease by
+# WAITERS_TTL_MS: a waiter re-checks at the latest when that lease would run out, and so
+# registers again, long before.
+_REGISTER = f"""
+local function register(clients, client, lock)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', clients, 'NX', now, client)
+  local left = redis.call('PTTL', lock)
+  if left < 0 then left = 0 end
+  redis.call('PEXPIRE', clients, math.max(left + {WAITERS_TTL_MS}, redis.call('PTTL', clients)))
+end
+"""
+
 # ---------------------------------------------------------------------------------- mutex
 
 COURTESY_MS = 30
@@ -240,41 +283,76 @@ is awake and first to try again, does not take the lock back round after round."
 MUTEX_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _LEAVE_ON_GRANT
+    + _REGISTER
     + """
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield; BLPOP mode also KEYS[4] waiters, KEYS[5] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] client id, ARGV[4] fence ttl ms
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield; then BLPOP mode: KEYS[4] waiters, KEYS[5]
+-- signal; pub/sub mode: KEYS[4] clients
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] client id, [pub/sub mode: ARGV[4] 'r' if this
+-- client's channel for the lock is subscribed, so a refusal registers it], fence ttl ms last
 -- -> {1, fencing token} | {0, ms to wait: the holder's PTTL (-1: no TTL), or the rest of
 -- this client's courtesy after its own release (see MUTEX_RELEASE)}
+local registry = #KEYS == 4 and KEYS[4]
 local yielding = redis.call('GET', KEYS[3])
 if yielding == ARGV[3] then
+  if registry and ARGV[4] == 'r' then register(registry, ARGV[3], KEYS[1]) end
   return {0, redis.call('PTTL', KEYS[3])}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if yielding then redis.call('DEL', KEYS[3]) end
-  if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
+  if #KEYS == 5 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
+  -- Granted: this client goes to the back of the line (its next waiter registers anew).
+  if registry then redis.call('ZREM', registry, ARGV[3]) end
   return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
+if registry and ARGV[4] == 'r' then register(registry, ARGV[3], KEYS[1]) end
 return {0, redis.call('PTTL', KEYS[1])}
 """
 )
 
 MUTEX_RELEASE: Final = Script(
-    _NOTIFY
+    _WAKE_CLIENT
     + """
--- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry), KEYS[4] yield
+-- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry), KEYS[4] yield; pub/sub
+-- mode also KEYS[5] clients
 -- ARGV[1] owner, ARGV[2] notify mode; optional ARGV[3] client id, ARGV[4] waiters of this
 -- client notified too (its own subscription / registrations), ARGV[5] courtesy ms
 -- -> 1 released | 0 not the owner (never held, released already, or expired)
--- Compare-and-delete, then wake one waiter per process ("1"). If waiters of other clients
--- were woken, this client stays out for the courtesy (until one of them takes the lock, or
--- it expires): otherwise the releaser, awake and first to try again, takes the lock back
--- before any of them has heard of the release, and they starve.
+-- Compare-and-delete, then wake the longest-registered client (pub/sub mode), or else one
+-- waiter per process ("1" on the lock's channel: clients that do not register). If another
+-- client was woken, this one stays out for the courtesy (until the woken one takes the lock,
+-- or it expires): otherwise the releaser, awake and first to try again, takes the lock back
+-- before anyone else has heard of the release, and the others starve.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local reached = notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
-  if ARGV[5] and reached > tonumber(ARGV[4]) then
+  local woken = #KEYS == 5 and wake_client(KEYS[5], KEYS[2], ARGV[2], false)
+  local others
+  if woken then
+    others = woken ~= ARGV[3]
+  else
+    others = notify(KEYS[2], '1', ARGV[2], 1, KEYS[3]) > tonumber(ARGV[4] or '0')
+  end
+  if ARGV[5] and others then
     redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[5])
   end
+  return 1
+end
+return 0
+"""
+)
+
+WAKE_NEXT: Final = Script(
+    _WAKE_CLIENT
+    + """
+-- KEYS[1] lock, KEYS[2] clients, KEYS[3] signal
+-- ARGV[1] client id, ARGV[2] notify mode
+-- -> 1 if another client was woken. Passes on a wakeup that reached a client with nobody
+-- left to use it (its waiter timed out or was cancelled as the release came): unless the
+-- lock is held again (its holder's release wakes the next), the next registered client is
+-- woken instead.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+if wake_client(KEYS[2], KEYS[3], ARGV[2], ARGV[1]) then
   return 1
 end
 return 0
@@ -705,7 +783,7 @@ BREAK: Final = Script(
     + _FAIR
     + """
 -- KEYS[1] family ('m' mutex, 'rw' read-write, 's' semaphore) is in ARGV[1], and the keys are:
---   m:  lock, fence, note, signal, waiters, queue
+--   m:  lock, fence, note, signal, waiters, queue, [clients]
 --   rw: writer, fence, readers, signal, rsignal, waiters
 --   s:  sem, fence, sem limit, signal, waiters
 -- ARGV[1] family, ARGV[2] notify mode, ARGV[3] fence ttl ms
@@ -722,6 +800,13 @@ if family == 'm' then
     local head = redis.call('LINDEX', KEYS[6], 0)
     if head then notify_owner(KEYS[4], head, mode) end
     notify(KEYS[4], '*', mode, 1, KEYS[5])
+  end
+  if KEYS[7] then
+    -- Every registered client re-checks (its waiters were refused by the broken holder).
+    for _, client in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+      notify(KEYS[4] .. ':' .. client, '*', mode, 1, false)
+    end
+    redis.call('DEL', KEYS[7])
   end
 elseif family == 'rw' then
   dropped = redis.call('DEL', KEYS[1]) + redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
@@ -760,6 +845,7 @@ ALL: Final = (
     FAIR_ACQUIRE,
     FAIR_RELEASE,
     SIGNAL_PUSH,
+    WAKE_NEXT,
     WAIT_ARM,
     WAIT_LEAVE,
     INSPECT,

@@ -141,8 +141,11 @@ class ShardedWaiter:
 class ShardedHub:
     """Sharded pub/sub over one :class:`~._pubsub.PubSubHub` per master (see module)."""
 
-    def __init__(self, source: ClusterSource) -> None:
+    def __init__(
+        self, source: ClusterSource, *, unclaimed: Callable[[bytes], None] | None = None
+    ) -> None:
         self.source = source
+        self._unclaimed = unclaimed  # see PubSubHub
         self._where = source.describe()
         self._hubs: dict[str, PubSubHub] = {}
         # Subscription numbers unique across the masters' hubs (see PubSubHub.subscription).
@@ -172,7 +175,9 @@ class ShardedHub:
         route = self.source.route(channel)
         hub = self._hubs.get(route)
         if hub is None:
-            hub = PubSubHub(_Master(self.source, route), sharded=True, ids=self._ids)
+            hub = PubSubHub(
+                _Master(self.source, route), sharded=True, ids=self._ids, unclaimed=self._unclaimed
+            )
             hub.start(self._spawn)
             self._hubs[route] = hub
         return hub
@@ -198,10 +203,12 @@ class ShardedHub:
         if hub is not None:
             hub.expect(channel, owner)
 
-    def forget(self, channel: bytes, owner: str) -> None:
+    def forget(self, channel: bytes, owner: str) -> bool:
         """See :meth:`PubSubHub.forget` (on every master: the channel may have moved)."""
+        kept = False
         for hub in self._hubs.values():
-            hub.forget(channel, owner)
+            kept = hub.forget(channel, owner) or kept
+        return kept
 
     def statistics(self) -> dict[str, int]:
         """The masters' hubs' statistics, summed; ``pubsub_masters``: how many hubs."""
