@@ -184,6 +184,8 @@ async def _attempt(
         supervisor.compensate(spec, owner)
         raise
     supervisor.answered()
+    if type(attempt) is Grant and attempt.sent is not None:
+        sent = attempt.sent  # handed over: the lease began with an earlier request
     return attempt, sent
 
 

@@ -179,6 +179,75 @@ async def test_a_wakeup_that_finds_its_waiter_gone_is_passed_on(
         assert b.statistics().backend["wakeups_passed_on"] == 1
 
 
+async def _publishes(raw: aioredis.Redis) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_publish", {}).get("calls", 0))
+
+
+async def test_a_release_hands_the_lock_to_a_waiter_of_its_own_client(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """With no other client waiting longer, a release gives the lock straight to the next
+    waiter of the same client, in the release's own script: nothing is published, and the
+    waiter's grant needs no attempt of its own. Its fencing token is the next one."""
+    async with aiodlock.connect(redis_url, namespace="handoff") as locks:
+        first = await locks.lock("k", ttl=30).acquire()
+        second = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
+        await eventually(partial(_has, raw, "handoff", "k", 1))
+        published = await _publishes(raw)
+        await first.release()
+        lease = await second
+        assert await _publishes(raw) == published
+        assert lease.fencing_token > first.fencing_token
+        assert await raw.get("{handoff:k}") is not None
+        await lease.release()
+        assert await raw.get("{handoff:k}") is None
+
+
+async def test_a_handoff_yields_to_a_client_that_waited_longer(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A client's own waiter does not jump the line: when another client registered first,
+    the release wakes that client, and the local waiter's turn comes after it."""
+    order: list[str] = []
+    async with (
+        aiodlock.connect(redis_url, namespace="nojump") as x,
+        aiodlock.connect(redis_url, namespace="nojump") as y,
+    ):
+        holder = await x.lock("k", ttl=30).acquire()
+
+        async def take(who: str, locks: aiodlock.LockClient) -> None:
+            async with locks.lock("k", ttl=30, timeout=20):
+                order.append(who)
+
+        other = asyncio.create_task(take("y", y))
+        await eventually(partial(_has, raw, "nojump", "k", 1))
+        local = asyncio.create_task(take("x", x))
+        await eventually(partial(_has, raw, "nojump", "k", 2))
+        await holder.release()
+        await asyncio.gather(other, local)
+    assert order == ["y", "x"]
+
+
+async def test_a_lock_handed_to_a_waiter_that_left_is_given_back(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The waiter a release picks is cancelled while the handoff is on its way: the grant it
+    can no longer use is released behind it, so nobody is left holding the lock."""
+    async with aiodlock.connect(redis_url, namespace="giveback") as locks:
+        holder = await locks.lock("k", ttl=30).acquire()
+        waiting = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
+        await eventually(partial(_has, raw, "giveback", "k", 1))
+        waiting.cancel()  # takes effect once the release below is on its way
+        await holder.release()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await locks.settle()
+        assert await raw.get("{giveback:k}") is None
+        again = await locks.lock("k", ttl=30).acquire(timeout=0)
+        await again.release()
+
+
 async def test_renew_never_resurrects(redis_url: str, raw: aioredis.Redis) -> None:
     async with aiodlock.connect(redis_url, namespace="resurrect", ttl=0.3) as locks:
         lease = await locks.lock("k").acquire()

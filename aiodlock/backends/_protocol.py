@@ -177,9 +177,15 @@ class LockSpec:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A successful attempt: the lock is ours, with this fencing token."""
+    """A successful attempt: the lock is ours, with this fencing token.
+
+    ``sent``: for a grant made on the owner's behalf before its attempt (a release of this
+    client handed the lock over to it), the loop time that request was sent; the lease is
+    timed from it rather than from the attempt. ``None``: timed from the attempt.
+    """
 
     fencing_token: int
+    sent: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,6 +216,14 @@ class RedisBackend:
         self._client_id = secrets.token_hex(8)
         self._client = self._client_id.encode()
         self._passed_on = 0
+        # Local handoffs (pub/sub mode, mutex; see _hand_over): this client's armed waiters
+        # and the lease each asks for (ms; 0: not known yet), the lease of each refusal until
+        # its waiter is armed (this loop step), and the grants handed over that a re-check
+        # will pick up.
+        self._handoffs = not self._wait_replicas
+        self._armed: dict[str, int] = {}
+        self._refused_ms: dict[str, int] = {}
+        self._handed: dict[str, Grant] = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -380,6 +388,11 @@ class RedisBackend:
         # when its channel for the lock is live as the attempt is sent (_mutex_send); then
         # the re-check after arming is answered here (see _Rechecks).
         rechecks = self._rechecks
+        handed = self._handed.pop(owner, None)
+        if handed is not None:
+            self._armed.pop(owner, None)
+            rechecks.drop(owner)
+            return handed
         answer = rechecks.answer(owner)
         if answer is not None:
             return answer
@@ -391,13 +404,23 @@ class RedisBackend:
             raise
         if reply[0] == 1:
             self._unexpect(channel, owner)
+            self._armed.pop(owner, None)
             return Grant(reply[1])
         busy = _busy(reply[1])
-        if rechecks.refused(owner, busy):
-            # The core arms the waiter in this very loop step; an attempt that is not
-            # followed by a wait (a single try) stops being expected with the step.
-            asyncio.get_running_loop().call_soon(self._unexpect, channel, owner)
+        # The core arms the waiter in this very loop step (see _joined); an attempt that is
+        # not followed by a wait (a single try) stops being expected with the step.
+        if owner in self._armed:
+            self._armed[owner] = ms  # a re-check: its waiter is armed already
+        else:
+            self._refused_ms[owner] = ms
+        registered = rechecks.refused(owner, busy)
+        asyncio.get_running_loop().call_soon(self._refusal_ends, channel, owner, registered)
         return busy
+
+    def _refusal_ends(self, channel: bytes, owner: str, registered: bool) -> None:
+        self._refused_ms.pop(owner, None)
+        if registered:
+            self._unexpect(channel, owner)
 
     async def _mutex_send(
         self, client: aioredis.Redis, keys: Keys, channel: bytes, owner: str, ms: int
@@ -446,6 +469,83 @@ class RedisBackend:
         except BackendError as exc:
             # The other waiters still re-check when their current holder's lease runs out.
             _log.debug("passing a wakeup on failed: %s", exc)
+
+    async def _hand_over(
+        self, keys: Keys, channel: bytes, owner: str, taker: str, ms: int
+    ) -> bool:
+        """Release ``owner``'s lock by handing it to ``taker``, a waiter of this client, in
+        one script (``MUTEX_HANDOFF``), unless another client has waited longer (then it is
+        released to that one). The taker's lease is timed from this request; its re-check
+        picks the grant up (:meth:`_mutex_attempt`).
+
+        The script runs in a task of the source, so its reply is read however the releasing
+        task fares; an outcome that is unknown (the connection failed under it) gives the
+        taker's possible grant back.
+        """
+        sent = asyncio.get_running_loop().time()
+        reply = self._source.submit(
+            self._attempts.run,
+            lua.MUTEX_HANDOFF,
+            keys.mutex_handoff,
+            taker,
+            owner,
+            ms,
+            self._client_id,
+            self._mode,
+            lua.COURTESY_MS,
+            self._fence_ms,
+            first=True,
+        )
+        reply.add_done_callback(partial(self._handed_over, keys, channel, taker, sent))
+        answer = await wait_outcome(reply)
+        return bool(answer[0] != 0)
+
+    def _handed_over(
+        self, keys: Keys, channel: bytes, taker: str, sent: float, reply: asyncio.Future[Any]
+    ) -> None:
+        hub = self._hub
+        if reply.cancelled() or hub is None:
+            return  # withdrawn before it was sent (or closing): nothing happened
+        if reply.exception() is not None:
+            self._give_back(keys, taker)
+            hub.wake(channel, taker)  # it re-checks
+            return
+        answer = reply.result()
+        if answer[0] != 2:
+            return
+        if taker in self._armed:
+            self._handed[taker] = Grant(int(answer[1]), sent)
+            hub.wake(channel, taker)
+        else:
+            self._give_back(keys, taker)  # it stopped waiting meanwhile
+
+    def _taker(self, keys: Keys) -> tuple[bytes, str, int] | None:
+        """This client's longest-waiting armed waiter for ``keys``' mutex, its channel and
+        lease, if a release may hand the lock over to it."""
+        hub = self._hub
+        if hub is None or not self._handoffs or not self._armed:
+            return None
+        channel = keys.client_signal(self._client)
+        taker = hub.next_waiter(channel)
+        ms = 0 if taker is None else self._armed.get(taker, 0)
+        if taker is None or not ms:
+            return None
+        return channel, taker, ms
+
+    def _give_back(self, keys: Keys, owner: str) -> None:
+        """Release ``owner``'s mutex in the background: it was handed a grant it cannot use."""
+        self._clean_up(self._release_quietly(keys, owner))
+
+    async def _release_quietly(self, keys: Keys, owner: str) -> None:
+        await self._attempts.landed(owner)
+        try:
+            with self._errors["release"]:
+                await self._source.call_first(
+                    lua.run, lua.MUTEX_RELEASE, keys.mutex_release_c, owner, self._mode
+                )
+        except BackendError as exc:
+            # Its lease runs out on its own: nobody renews it.
+            _log.debug("giving a handed-over lock back failed: %s", exc)
 
     async def _fair_attempt(
         self, keys: Keys, owner: str, ms: int, *, first: bool
@@ -533,6 +633,9 @@ class RedisBackend:
                         attempts.stay(owner)  # the outcome is unknown: a retry must be sent
                         raise
                 else:
+                    taker = self._taker(keys)
+                    if taker is not None:
+                        return await self._hand_over(keys, taker[0], owner, taker[1], taker[2])
                     done = await call(
                         lua.run,
                         lua.MUTEX_RELEASE,
@@ -666,9 +769,27 @@ class RedisBackend:
                 partial(self._leave_now, spec, owner),
             )
         if hub is not None and spec.kind is Kind.MUTEX:
-            channel = keys_for(spec.namespace, spec.name).client_signal(self._client)
-            return _ArmedWaiter(inner, partial(self._joined, channel, owner), None)
+            keys = keys_for(spec.namespace, spec.name)
+            channel = keys.client_signal(self._client)
+            return _ArmedWaiter(
+                inner,
+                partial(self._joined_mutex, channel, owner),
+                partial(self._left_mutex, keys, owner),
+            )
         return inner
+
+    def _joined_mutex(self, channel: bytes, owner: str) -> None:
+        self._joined(channel, owner)
+        # A release of this client may hand it the lock, once its lease is known (0: from
+        # its next refusal, if its first one was answered before a SUBSCRIBE).
+        self._armed[owner] = self._refused_ms.get(owner, 0)
+
+    def _left_mutex(self, keys: Keys, owner: str) -> None:
+        # Left with an exception (timed out, cancelled, closed): a grant handed to it that
+        # its re-check did not pick up goes back (one still in flight: see _handed_over).
+        self._armed.pop(owner, None)
+        if self._handed.pop(owner, None) is not None:
+            self._give_back(keys, owner)
 
     def _joined(self, channel: bytes, owner: str) -> None:
         # The waiter is armed. If the channel has stayed live since the attempt was sent,

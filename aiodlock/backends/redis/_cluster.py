@@ -106,6 +106,10 @@ class ClusterSource(NodeSource):
         # (execute_command, script_load), routed by the slot of the keys.
         return cast("aioredis.Redis", cluster)
 
+    def _command_client(self, shared: aioredis.Redis) -> aioredis.Redis:
+        # The cluster client routes each command to its master's pool.
+        return shared
+
     @property
     def cluster(self) -> RedisCluster:
         """The command client (``BackendError`` before :meth:`open` and once closed)."""

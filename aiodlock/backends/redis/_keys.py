@@ -69,6 +69,7 @@ class Keys:
         "mutex_acquire",
         "mutex_acquire_c",
         "mutex_acquire_l",
+        "mutex_handoff",
         "mutex_release",
         "mutex_release_c",
         "mutex_waiters",
@@ -143,6 +144,7 @@ class Keys:
         self.mutex_acquire_c = (*self.mutex_acquire, self.clients)
         self.mutex_release_c = (*self.mutex_release, self.clients)
         self.wake_next = (tag, self.clients, self.signal)
+        self.mutex_handoff = (tag, fence, self.yield_, self.clients, self.signal)
         self.break_mutex = (
             tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients
         )

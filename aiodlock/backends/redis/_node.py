@@ -10,6 +10,13 @@ redis-py's own retries are off: retrying a non-idempotent acquire whose reply wa
 make us our own blocker; instead the core compensates with release-if-owner, which the
 protocol makes safe.
 
+Each command slot keeps a client with a connection of its own (redis-py's single-connection
+client), so a command takes no round through the pool (its lock, its bookkeeping and its check
+that the connection has nothing unread cost about a third of a script's client time); the
+scripts are sent straight on that connection (:func:`._scripts.run`). With an application's
+pool (``redis_client=``), and behind Sentinel (see :mod:`._sentinel`), every command borrows
+from the pool instead.
+
 A command that finds a connection free runs inline, at no extra cost. Otherwise it queues, in
 one of two lanes (:mod:`._slots`: :meth:`NodeSource.call_first` is served before
 :meth:`NodeSource.call`), and a task that holds a connection runs the queued commands back to
@@ -137,6 +144,8 @@ class NodeSource:
             self._conn_class = pool.connection_class
             self._conn_kwargs = _side_settings(pool, connect_timeout)
         self._client: aioredis.Redis | None = None
+        # Clients of command slots that are free now, each with its own connection.
+        self._spare: list[aioredis.Redis] = []
         self._closed = False
         self._slots: Slots[_Queued[Any]] = Slots(max_connections)
         self._deadlines = Deadlines(socket_timeout)
@@ -185,6 +194,9 @@ class NodeSource:
             # Every slot free means no command is in flight (the sweeper still bounds them);
             # commands still queued fail fast on the way: _client is None.
             await self._slots.idle()
+        spare, self._spare = self._spare, []
+        for held in spare:
+            await held.aclose()  # gives its connection back to the pool
         if self._sweeper is not None:
             self._sweeper.cancel()
         tg, self._tg = self._tg, None
@@ -254,9 +266,12 @@ class NodeSource:
         slots = self._slots
         if slots.take():
             # The common case: a connection is free, the command runs inline.
+            held = self._spare.pop() if self._spare else self._command_client(client)
             try:
-                return await self._bounded(client, fn, args)
+                return await self._bounded(held, fn, args)
             finally:
+                if held is not client:
+                    self._spare.append(held)
                 self._hand_on()
         # Queued: a task holding a slot runs it (see _run_queued) and hands us the outcome.
         # If we stop waiting before it starts, it is never sent; once it has started, it
@@ -280,6 +295,7 @@ class NodeSource:
         # A child of our TaskGroup holding one slot: it raises nothing but its own
         # cancellation, handing every other outcome to the caller (if still waiting).
         slots = self._slots
+        held: aioredis.Redis | None = None
         try:
             while (queued := slots.pop()) is not None:
                 outcome = queued.outcome
@@ -287,8 +303,10 @@ class NodeSource:
                 if client is None:
                     outcome.set_exception(self._unavailable())
                     continue
+                if held is None:
+                    held = self._spare.pop() if self._spare else self._command_client(client)
                 try:
-                    result = await self._bounded(client, queued.fn, queued.args)
+                    result = await self._bounded(held, queued.fn, queued.args)
                 except Exception as exc:
                     if not outcome.done():
                         outcome.set_exception(exc)
@@ -299,6 +317,8 @@ class NodeSource:
                     if not outcome.done():
                         outcome.set_result(result)
         finally:
+            if held is not None and held is not self._client:
+                self._spare.append(held)  # aclose() closes it once every slot is back
             slots.give_back()
 
     async def _bounded(
@@ -313,6 +333,9 @@ class NodeSource:
         deadlines.start(task, self._clock())
         error: BaseException | None = None
         try:
+            conn = getattr(client, "connection", None)  # a slot's own (RedisCluster: none)
+            if conn is not None and _closed_by_server(conn):
+                await conn.disconnect()  # the command connects it again
             return await fn(client, *args)
         except BaseException as exc:
             error = exc
@@ -356,6 +379,13 @@ class NodeSource:
         """The connection class and its keyword arguments for ``url`` (validated now)."""
         return _connection_settings(url, options, connect_timeout)
 
+    def _command_client(self, shared: aioredis.Redis) -> aioredis.Redis:
+        """The client a command slot keeps: one with a connection of its own from our pool
+        (made on its first command), or ``shared`` itself on an application's pool."""
+        if self._given_pool is not None:
+            return shared
+        return aioredis.Redis(connection_pool=shared.connection_pool, single_connection_client=True)
+
     def _new_client(self) -> aioredis.Redis:
         """The command client (made at :meth:`open`); closing it closes what it owns."""
         if self._given_pool is not None:
@@ -366,10 +396,14 @@ class NodeSource:
     def _new_pool(self) -> aioredis.ConnectionPool:
         """The pool of command connections (made at :meth:`open`)."""
         return aioredis.ConnectionPool(
-            max_connections=self._max_connections,
+            max_connections=self._pool_size(),
             connection_class=self._conn_class,
             **self._conn_kwargs,
         )
+
+    def _pool_size(self) -> int:
+        # A slot keeps its connection; a pipeline (wait_replicas) borrows one more meanwhile.
+        return 2 * self._max_connections
 
     def _side_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of a side connection (before its client name)."""
@@ -385,6 +419,15 @@ class NodeSource:
 
 
 _SCAN_COUNT: Final = 1000
+
+
+def _closed_by_server(conn: AbstractConnection) -> bool:
+    """Whether the server has closed ``conn`` (a restart, a failover, ``CLIENT KILL``, its
+    idle ``timeout``), as far as the loop has read already: no round trip. A command written
+    to it would fail though nothing is wrong; redis-py's pool makes the same check as it
+    lends a connection, which a slot's own connection never goes back to."""
+    reader = getattr(conn, "_reader", None)
+    return isinstance(reader, asyncio.StreamReader) and reader.at_eof()
 
 
 async def _scan_page(client: aioredis.Redis, cursor: int, match: str) -> tuple[int, list[Any]]:

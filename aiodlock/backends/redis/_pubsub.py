@@ -286,6 +286,20 @@ class PubSubHub:
             return False
         return ch.expected.pop(owner.encode("utf-8", "surrogatepass"), False)
 
+    def next_waiter(self, channel: bytes) -> str | None:
+        """The owner of ``channel``'s longest-waiting waiter that no wakeup has reached yet
+        (``None``: there is none)."""
+        ch = self._channels.get(channel)
+        if ch is not None:
+            for w in ch.waiters:
+                if not w._flag:
+                    return w._owner.decode("utf-8", "surrogatepass")
+        return None
+
+    def wake(self, channel: bytes, owner: str) -> None:
+        """Wake ``owner``'s waiter on ``channel``, if it is there."""
+        self._route(channel, owner.encode("utf-8", "surrogatepass"))
+
     def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
         """Run the supervisor (:meth:`run`) as a task made by ``spawn`` (the owner's group)."""
         self._task = spawn(self.run())

@@ -35,6 +35,11 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
+try:  # redis-py's own packer is pure Python, five times slower
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - the redis extra installs hiredis
+    _hiredis_pack = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
@@ -47,6 +52,7 @@ __all__ = [
     "FENCE_RAISE",
     "INSPECT",
     "MUTEX_ACQUIRE",
+    "MUTEX_HANDOFF",
     "MUTEX_RELEASE",
     "MUTEX_RENEW",
     "NOTE_POST",
@@ -82,18 +88,36 @@ class Script:
 
 
 async def run(client: aioredis.Redis, script: Script, keys: tuple[bytes, ...], *args: Any) -> Any:
-    """``EVALSHA script keys args`` on ``client``: one round trip while the server has it."""
+    """``EVALSHA script keys args`` on ``client``: one round trip while the server has it.
+
+    On a client with a connection of its own (a command slot's, see :mod:`._node`) the
+    command goes straight to that connection: redis-py's ``execute_command`` layers (retry
+    wrapper, telemetry hooks, response callbacks; none of which EVALSHA uses here) cost as
+    much client time as the round trip itself.
+    """
     try:
-        return await client.execute_command(  # type: ignore[no-untyped-call]
-            "EVALSHA", script.sha, len(keys), *keys, *args
-        )
+        return await _evalsha(client, script, keys, args)
     except NoScriptError:
         # The server lost its script cache (restart, failover, SCRIPT FLUSH): nothing ran, so
         # running it again is safe.
         await client.script_load(script.text)
+        return await _evalsha(client, script, keys, args)
+
+
+async def _evalsha(
+    client: aioredis.Redis, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]
+) -> Any:
+    conn = getattr(client, "connection", None)  # RedisCluster has none
+    if conn is None:  # a pooled client, or a slot's first command (which connects it)
         return await client.execute_command(  # type: ignore[no-untyped-call]
             "EVALSHA", script.sha, len(keys), *keys, *args
         )
+    # Either call disconnects on any failure, cancellation included, so the connection is
+    # never left with a reply unread; the next command connects it again.
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    packed = conn.pack_command(*command) if _hiredis_pack is None else _hiredis_pack(command)
+    await conn.send_packed_command(packed, check_health=False)
+    return await conn.read_response()
 
 
 class NotReplicatedError(RedisError):
@@ -337,6 +361,38 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+MUTEX_HANDOFF: Final = Script(
+    _NOTIFY
+    + _NEXT_TOKEN
+    + """
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal
+-- ARGV[1] taker (a waiter of this client), ARGV[2] owner, ARGV[3] taker's lease ms,
+-- ARGV[4] client id, ARGV[5] notify mode, ARGV[6] courtesy ms, ARGV[7] fence ttl ms
+-- -> {2, fencing token} handed to the taker | {1} released: another client has waited
+-- longer and was woken | {0} not the owner
+-- A release that hands the lock straight to the next waiter of the same client, in the
+-- same step: one round trip where a release, its wakeup and the waiter's attempt would be
+-- three. Only while no other client waits longer (registered ahead of this one): those are
+-- woken as by MUTEX_RELEASE, and this client stays out for the courtesy.
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then
+  return {0}
+end
+while true do
+  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+  if not head or head == ARGV[4] then break end
+  redis.call('ZREM', KEYS[4], head)
+  if notify(KEYS[5] .. ':' .. head, '1', ARGV[5], 1, false) > 0 then
+    redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
+    return {1}
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[4])
+return {2, next_token(KEYS[2], ARGV[#ARGV])}
 """
 )
 
@@ -832,6 +888,7 @@ return {dropped, next_token(KEYS[2], ARGV[#ARGV])}
 ALL: Final = (
     MUTEX_ACQUIRE,
     MUTEX_RELEASE,
+    MUTEX_HANDOFF,
     MUTEX_RENEW,
     NOTE_POST,
     NOTE_READ,

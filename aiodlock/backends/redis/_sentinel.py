@@ -149,6 +149,12 @@ class SentinelSource(NodeSource):
         )
         return self._pool
 
+    def _command_client(self, shared: aioredis.Redis) -> aioredis.Redis:
+        # Every command borrows from the pool: a connection that a slot kept could still be
+        # on the demoted master after a failover (the pool drops only its idle ones when the
+        # sentinels name a new master), where reads such as SCRIPT LOAD would go unnoticed.
+        return shared
+
     def _side_kwargs(self) -> dict[str, Any]:
         # The pool's settings include the pool itself, through which a connection asks the
         # sentinels for the master (made at open(): side connections are made after it).

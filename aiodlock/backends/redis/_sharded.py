@@ -210,6 +210,17 @@ class ShardedHub:
             kept = hub.forget(channel, owner) or kept
         return kept
 
+    def next_waiter(self, channel: bytes) -> str | None:
+        """See :meth:`PubSubHub.next_waiter`."""
+        hub = self._known(channel)
+        return None if hub is None else hub.next_waiter(channel)
+
+    def wake(self, channel: bytes, owner: str) -> None:
+        """See :meth:`PubSubHub.wake`."""
+        hub = self._known(channel)
+        if hub is not None:
+            hub.wake(channel, owner)
+
     def statistics(self) -> dict[str, int]:
         """The masters' hubs' statistics, summed; ``pubsub_masters``: how many hubs."""
         total = {"pubsub_connections": 0, "subscribed_channels": 0, "waiters": 0}
