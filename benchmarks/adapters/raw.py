@@ -2,12 +2,15 @@
 
 Each one takes the lock only when it is free (the uncontended scenario); it never waits.
 
-- Redis (redis.asyncio, set up as aiodlock sets it up: RESP2, no retries, ``execute_command``
-  directly): ``SET name token NX PX ttl``, then a compare-and-delete script by ``EVALSHA``.
+- Redis (redis.asyncio, set up as aiodlock sets it up: RESP2, no retries, one connection kept
+  by a single-connection client, each command packed by hiredis and written straight to it,
+  its reply read from it): ``SET name token NX PX ttl``, then a compare-and-delete script by
+  ``EVALSHA``.
 - ZooKeeper (aiozk): create an ephemeral sequential node, ``get_children`` of its parent
   (the lock check), delete the node.
-- Redis Cluster and Sentinel: the same, through redis-py's ``RedisCluster`` (routed to the
-  key's master) and the master ``Sentinel`` names.
+- Redis Cluster and Sentinel: the same commands through redis-py's ``execute_command`` (as
+  aiodlock sends them there), on ``RedisCluster`` (routed to the key's master) and on the
+  master ``Sentinel`` names.
 - Redlock (independent masters): the same two commands sent to every master at once, each
   step awaited until a quorum has answered (the stragglers' replies are collected before the
   next cycle): two quorum round trips.
@@ -62,7 +65,7 @@ class RawRedis(AsyncAdapter):
 
         self._redis = aioredis.Redis(
             host=self.endpoint.host, port=self.endpoint.port, protocol=2,
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 0), single_connection_client=True,
         )  # fmt: skip
         self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
 
@@ -73,10 +76,19 @@ class RawRedis(AsyncAdapter):
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
         return self._hold(name, max(1, math.ceil(ttl * 1000)))
 
+    async def _execute(self, *command: Any) -> Any:
+        conn = getattr(self._redis, "connection", None)
+        if conn is None:  # Cluster, Sentinel: through the client
+            return await self._redis.execute_command(*command)
+        from hiredis import pack_command
+
+        await conn.send_packed_command(pack_command(command), check_health=False)
+        return await conn.read_response()
+
     @asynccontextmanager
     async def _hold(self, name: str, ms: int) -> AsyncIterator[object]:
         token = secrets.token_hex(12)
-        execute = self._redis.execute_command
+        execute = self._execute
         if not await execute("SET", name, token, "NX", "PX", ms):
             raise NotFreeError(name)
         try:
