@@ -248,6 +248,29 @@ async def test_a_lock_handed_to_a_waiter_that_left_is_given_back(
         await again.release()
 
 
+@pytest.mark.parametrize("steps", range(1, 6))
+async def test_a_release_cancelled_during_a_handoff_leaves_the_lock_to_its_taker(
+    redis_url: str, raw: aioredis.Redis, steps: int
+) -> None:
+    """The releasing task is cancelled after 1, 2, 3... loop iterations, while the handoff
+    may be on its way: the waiter still gets the lock (long before the 30 s lease), and once
+    it is done nothing is left held."""
+    async with aiodlock.connect(redis_url, namespace="cutoff") as locks:
+        holder = await locks.lock("k", ttl=30).acquire()
+        waiting = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
+        await eventually(partial(_has, raw, "cutoff", "k", 1))
+        releasing = asyncio.create_task(holder.release())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        releasing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await releasing
+        lease = await waiting
+        await lease.release()
+        await locks.settle()
+        assert await raw.get("{cutoff:k}") is None
+
+
 async def test_renew_never_resurrects(redis_url: str, raw: aioredis.Redis) -> None:
     async with aiodlock.connect(redis_url, namespace="resurrect", ttl=0.3) as locks:
         lease = await locks.lock("k").acquire()

@@ -478,9 +478,10 @@ class RedisBackend:
         released to that one). The taker's lease is timed from this request; its re-check
         picks the grant up (:meth:`_mutex_attempt`).
 
-        The script runs in a task of the source, so its reply is read however the releasing
-        task fares; an outcome that is unknown (the connection failed under it) gives the
-        taker's possible grant back.
+        The script runs in a task of the source and is never withdrawn, so its reply is read
+        however the releasing task fares (a cancelled release must not lose the taker's
+        grant: nobody would release it until its lease ran out); an outcome that is unknown
+        (the connection failed under it) gives the taker's possible grant back.
         """
         sent = asyncio.get_running_loop().time()
         reply = self._source.submit(
@@ -497,16 +498,17 @@ class RedisBackend:
             first=True,
         )
         reply.add_done_callback(partial(self._handed_over, keys, channel, taker, sent))
-        answer = await wait_outcome(reply)
+        answer = await asyncio.shield(reply)
         return bool(answer[0] != 0)
 
     def _handed_over(
         self, keys: Keys, channel: bytes, taker: str, sent: float, reply: asyncio.Future[Any]
     ) -> None:
         hub = self._hub
-        if reply.cancelled() or hub is None:
-            return  # withdrawn before it was sent (or closing): nothing happened
-        if reply.exception() is not None:
+        if hub is None:
+            return
+        if reply.cancelled() or reply.exception() is not None:
+            # Cut off (closing, or its deadline) or failed: it may have run.
             self._give_back(keys, taker)
             hub.wake(channel, taker)  # it re-checks
             return
