@@ -266,7 +266,7 @@ class NodeSource:
         slots = self._slots
         if slots.take():
             # The common case: a connection is free, the command runs inline.
-            held = self._spare.pop() if self._spare else self._command_client(client)
+            held = self._take_held(client)
             try:
                 return await self._bounded(held, fn, args)
             finally:
@@ -304,7 +304,7 @@ class NodeSource:
                     outcome.set_exception(self._unavailable())
                     continue
                 if held is None:
-                    held = self._spare.pop() if self._spare else self._command_client(client)
+                    held = self._take_held(client)
                 try:
                     result = await self._bounded(held, queued.fn, queued.args)
                 except Exception as exc:
@@ -378,6 +378,10 @@ class NodeSource:
     ) -> tuple[type[AbstractConnection], dict[str, Any]]:
         """The connection class and its keyword arguments for ``url`` (validated now)."""
         return _connection_settings(url, options, connect_timeout)
+
+    def _take_held(self, shared: aioredis.Redis) -> aioredis.Redis:
+        """A command slot's client: a spare one, or a new one (:meth:`_command_client`)."""
+        return self._spare.pop() if self._spare else self._command_client(shared)
 
     def _command_client(self, shared: aioredis.Redis) -> aioredis.Redis:
         """The client a command slot keeps: one with a connection of its own from our pool

@@ -261,19 +261,20 @@ local function leave_on_grant(owner, registry, lists)
 end
 """
 
-# wake_client(clients, signal, mode, skip): pop the longest-registered client of a mutex's
-# registry and publish "1" on its own channel (signal .. ':' .. client), until one is reached:
-# a channel without subscribers (the client crashed, or stopped waiting long ago) counts 0, and
-# its entry is gone with the pop. Returns the client woken, or false. ``skip``: a client that
-# is passing a wakeup on must not be handed it back.
+# wake_client(clients, signal, mode, skip, stop): pop the longest-registered client of a
+# mutex's registry and publish "1" on its own channel (signal .. ':' .. client), until one is
+# reached: a channel without subscribers (the client crashed, or stopped waiting long ago)
+# counts 0, and its entry is gone with the pop. Returns the client woken, or false. ``skip``:
+# a client that is passing a wakeup on must not be handed it back; ``stop``: a client whose
+# turn ends the search, left in place (false: none).
 _WAKE_CLIENT = (
     _NOTIFY
     + """
-local function wake_client(clients, signal, mode, skip)
+local function wake_client(clients, signal, mode, skip, stop)
   while true do
-    local head = redis.call('ZPOPMIN', clients)
-    local client = head[1]
-    if not client then return false end
+    local client = redis.call('ZRANGE', clients, 0, 0)[1]
+    if not client or client == stop then return false end
+    redis.call('ZREM', clients, client)
     if client ~= skip and notify(signal .. ':' .. client, '1', mode, 1, false) > 0 then
       return client
     end
@@ -348,7 +349,7 @@ MUTEX_RELEASE: Final = Script(
 -- before anyone else has heard of the release, and the others starve.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local woken = #KEYS == 5 and wake_client(KEYS[5], KEYS[2], ARGV[2], false)
+  local woken = #KEYS == 5 and wake_client(KEYS[5], KEYS[2], ARGV[2], false, false)
   local others
   if woken then
     others = woken ~= ARGV[3]
@@ -365,7 +366,7 @@ return 0
 )
 
 MUTEX_HANDOFF: Final = Script(
-    _NOTIFY
+    _WAKE_CLIENT
     + _NEXT_TOKEN
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal
@@ -380,15 +381,10 @@ MUTEX_HANDOFF: Final = Script(
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {0}
 end
-while true do
-  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-  if not head or head == ARGV[4] then break end
-  redis.call('ZREM', KEYS[4], head)
-  if notify(KEYS[5] .. ':' .. head, '1', ARGV[5], 1, false) > 0 then
-    redis.call('DEL', KEYS[1])
-    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
-    return {1}
-  end
+if wake_client(KEYS[4], KEYS[5], ARGV[5], false, ARGV[4]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
+  return {1}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[4])
@@ -408,7 +404,7 @@ WAKE_NEXT: Final = Script(
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-if wake_client(KEYS[2], KEYS[3], ARGV[2], ARGV[1]) then
+if wake_client(KEYS[2], KEYS[3], ARGV[2], ARGV[1], false) then
   return 1
 end
 return 0
