@@ -155,8 +155,9 @@ async def test_a_registered_client_that_is_gone_does_not_swallow_the_release(
 async def test_a_wakeup_that_finds_its_waiter_gone_is_passed_on(
     redis_url: str, raw: aioredis.Redis
 ) -> None:
-    """A client whose waiter gave up stays registered, and its channel stays subscribed for
-    a moment (LINGER): the release that picks it wakes nobody there, so the client hands the
+    """A client whose waiter gave up takes itself off the registry, but a release can pick it
+    before that lands (here it is put back at the head by hand), while its channel stays
+    subscribed for a moment (LINGER): the release wakes nobody there, so the client hands the
     wakeup on to the next registered client rather than leaving it to wait out the holder's
     30 s lease."""
     async with (
@@ -167,11 +168,14 @@ async def test_a_wakeup_that_finds_its_waiter_gone_is_passed_on(
         holder = await a.lock("k", ttl=30).acquire()
         gives_up = asyncio.create_task(b.lock("k", ttl=30).acquire(timeout=20))
         await eventually(partial(_has, raw, "passon", "k", 1))
+        [b_id] = await _registered(raw, "passon", "k")
         patient = asyncio.create_task(c.lock("k", ttl=30).acquire(timeout=20))
         await eventually(partial(_has, raw, "passon", "k", 2))
         gives_up.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await gives_up
+        await eventually(partial(_has, raw, "passon", "k", 1))  # b left the registry
+        await raw.zadd("{passon:k}:clients", {b_id: 0})  # as if the release came first
         assert b.statistics().backend["subscribed_channels"] == 1  # it lingers
         await holder.release()
         lease = await patient

@@ -110,6 +110,10 @@ def _lease_ms(ttl: float) -> int:
 _log = logging.getLogger("aiodlock.redis")
 
 
+async def _unregister(client: aioredis.Redis, registry: bytes, member: bytes) -> None:
+    await client.zrem(registry, member)
+
+
 def _busy(ms: int) -> Busy:
     # -1: the blocking key has no TTL (not written by us); only a release can free it.
     if ms == -1:
@@ -224,6 +228,8 @@ class RedisBackend:
         self._armed: dict[str, int] = {}
         self._refused_ms: dict[str, int] = {}
         self._handed: dict[str, Grant] = {}
+        # Registries this client is being taken off (see _deregister), until that lands.
+        self._deregistering: dict[bytes, asyncio.Future[Any]] = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -397,6 +403,9 @@ class RedisBackend:
         if answer is not None:
             return answer
         channel = keys.client_signal(self._client)
+        leaving = self._deregistering.get(keys.clients)
+        if leaving is not None:
+            await asyncio.wait((leaving,))  # a registration must not be overtaken by it
         try:
             reply = await self._source.call(self._mutex_send, keys, channel, owner, ms)
         except BaseException:
@@ -458,17 +467,22 @@ class RedisBackend:
         keys = wake_next_keys(channel, self._client)
         if keys is not None:
             self._passed_on += 1
-            self._clean_up(self._wake_next(keys))
+            # If it fails, the other waiters re-check when their holder's lease runs out.
+            self._clean_up(
+                self._quietly("passing a wakeup on", lua.WAKE_NEXT, keys, self._client_id)
+            )
 
-    async def _wake_next(self, keys: tuple[bytes, ...]) -> None:
+    async def _quietly(
+        self, what: str, script: lua.Script, keys: tuple[bytes, ...], *args: Any
+    ) -> None:
+        """A background step that lets others go on (``call_first``), best effort: a failure
+        is logged at DEBUG, for the lease or the waiters' caps bound what it leaves."""
         try:
             with self._errors["release"]:
-                await self._source.call_first(
-                    lua.run, lua.WAKE_NEXT, keys, self._client_id, self._mode
-                )
+                sent: tuple[Any, ...] = (*args, self._mode)
+                await self._source.call_first(lua.run, script, keys, *sent)
         except BackendError as exc:
-            # The other waiters still re-check when their current holder's lease runs out.
-            _log.debug("passing a wakeup on failed: %s", exc)
+            _log.debug("%s failed: %s", what, exc)
 
     async def _hand_over(
         self, keys: Keys, channel: bytes, owner: str, taker: str, ms: int
@@ -540,14 +554,9 @@ class RedisBackend:
 
     async def _release_quietly(self, keys: Keys, owner: str) -> None:
         await self._attempts.landed(owner)
-        try:
-            with self._errors["release"]:
-                await self._source.call_first(
-                    lua.run, lua.MUTEX_RELEASE, keys.mutex_release_c, owner, self._mode
-                )
-        except BackendError as exc:
-            # Its lease runs out on its own: nobody renews it.
-            _log.debug("giving a handed-over lock back failed: %s", exc)
+        # If it fails, its lease runs out on its own: nobody renews it.
+        what = "giving a handed-over lock back"
+        await self._quietly(what, lua.MUTEX_RELEASE, keys.mutex_release_c, owner)
 
     async def _fair_attempt(
         self, keys: Keys, owner: str, ms: int, *, first: bool
@@ -792,6 +801,28 @@ class RedisBackend:
         self._armed.pop(owner, None)
         if self._handed.pop(owner, None) is not None:
             self._give_back(keys, owner)
+        hub = self._hub
+        if hub is not None and hub.waiting(keys.client_signal(self._client)) <= 1:
+            self._deregister(keys)
+
+    def _deregister(self, keys: Keys) -> None:
+        """This client stops waiting for ``keys``' mutex: take it off the registry, so that
+        nothing of it stays there (a release would otherwise pick it and pay a pass-on). Its
+        next attempt on the lock waits for this, so it cannot remove a newer registration."""
+        leaving = self._source.submit(_unregister, keys.clients, self._client, first=True)
+        self._deregistering[keys.clients] = leaving
+        leaving.add_done_callback(partial(self._deregistered, keys.clients))
+        self._clean_up(self._settled(leaving))
+
+    def _deregistered(self, registry: bytes, leaving: asyncio.Future[Any]) -> None:
+        if self._deregistering.get(registry) is leaving:
+            del self._deregistering[registry]
+        if not leaving.cancelled() and leaving.exception() is not None:
+            _log.debug("leaving a waiting list failed: %s", leaving.exception())
+
+    @staticmethod
+    async def _settled(outcome: asyncio.Future[Any]) -> None:
+        await asyncio.wait((outcome,))  # settle() waits for it; its error is logged above
 
     def _joined(self, channel: bytes, owner: str) -> None:
         # The waiter is armed. If the channel has stayed live since the attempt was sent,

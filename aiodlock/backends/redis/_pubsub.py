@@ -264,6 +264,11 @@ class PubSubHub:
         ch = self._channels.get(channel)
         return ch.since if ch is not None and ch.state == _SUBSCRIBED else 0
 
+    def waiting(self, channel: bytes) -> int:
+        """How many waiters are on ``channel`` now."""
+        ch = self._channels.get(channel)
+        return 0 if ch is None else len(ch.waiters)
+
     def subscribed(self, channel: bytes) -> bool:
         """Whether the server may count our connection among ``channel``'s subscribers now
         (subscribed, or a SUBSCRIBE/UNSUBSCRIBE still on its way)."""

@@ -191,6 +191,11 @@ class ShardedHub:
         hub = self._known(channel)
         return 0 if hub is None else hub.subscription(channel)
 
+    def waiting(self, channel: bytes) -> int:
+        """See :meth:`PubSubHub.waiting`."""
+        hub = self._known(channel)
+        return 0 if hub is None else hub.waiting(channel)
+
     def subscribed(self, channel: bytes) -> bool:
         """See :meth:`PubSubHub.subscribed` (SPUBLISH counts the subscribers of one shard:
         the hub of the channel's master)."""
