@@ -275,6 +275,106 @@ async def test_a_release_cancelled_during_a_handoff_leaves_the_lock_to_its_taker
         assert await raw.get("{cutoff:k}") is None
 
 
+@contextlib.asynccontextmanager
+async def _logging_every_command(raw: aioredis.Redis) -> AsyncIterator[None]:
+    """The server's slow log records every command (with its arguments) meanwhile."""
+    slower, length = (await raw.config_get("slowlog-*")).values()
+    await raw.config_set("slowlog-log-slower-than", 0)
+    await raw.config_set("slowlog-max-len", 10000)
+    await raw.slowlog_reset()
+    try:
+        yield
+    finally:
+        await raw.config_set("slowlog-log-slower-than", slower)
+        await raw.config_set("slowlog-max-len", length)
+
+
+async def _commands_naming(raw: aioredis.Redis, text: str) -> list[int]:
+    """Ids (in the order the server ran them) of the logged commands with ``text`` among
+    their arguments."""
+    needle = text.encode()
+    return sorted(
+        entry["id"]
+        for entry in await raw.slowlog_get(10000)
+        if any(needle == arg for arg in entry["command"].split())
+    )
+
+
+async def test_a_fair_release_hands_the_lock_to_the_head_of_the_queue(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The release of a fair lock gives it straight to the head of the queue, in the same
+    script: the head (another client) runs no command of its own to take it, holds the key,
+    and has the next fencing token."""
+    async with (
+        aiodlock.connect(redis_url, namespace="fairhand") as a,
+        aiodlock.connect(redis_url, namespace="fairhand") as b,
+        _logging_every_command(raw),
+    ):
+        holder = await a.lock("k", fair=True, ttl=30).acquire()
+        waiting = asyncio.create_task(b.lock("k", fair=True, ttl=30).acquire(timeout=20))
+        await eventually(lambda: _in_queue(raw, "{fairhand:k}", 1))
+        await holder.release()
+        lease = await waiting
+        released = await _commands_naming(raw, holder.owner)
+        taken = await _commands_naming(raw, lease.owner)
+        assert released and taken
+        assert max(taken) < max(released)  # nothing of the head's ran after the release
+        assert lease.fencing_token > holder.fencing_token
+        assert await raw.get("{fairhand:k}") == lease.owner.encode()
+        assert 0 < await raw.pttl("{fairhand:k}") <= 30_000
+        await lease.release()
+        assert await raw.get("{fairhand:k}") is None
+
+
+async def _in_queue(raw: aioredis.Redis, lock: str, count: int) -> bool:
+    return int(await raw.llen(f"{lock}:queue")) == count
+
+
+async def test_a_fair_lock_handed_to_a_dead_head_is_held_only_until_its_deadline(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The head of the queue is a waiter that stopped trying (its process died): the
+    release hands it the lock all the same, for no longer than its place in the queue would
+    have lasted (its liveness deadline); then the next waiter gets the lock."""
+    async with aiodlock.connect(redis_url, namespace="deadhead") as locks:
+        holder = await locks.lock("k", fair=True, ttl=30).acquire()
+        seconds, micros = await raw.time()
+        deadline = seconds * 1000 + micros // 1000 + 500
+        # What a waiter's refused attempt leaves (see the key layout in docs/redis.md).
+        await raw.rpush("{deadhead:k}:queue", "dead")
+        await raw.zadd("{deadhead:k}:qdeadline", {"dead": deadline})
+        waiting = asyncio.create_task(locks.lock("k", fair=True, ttl=30).acquire(timeout=10))
+        await eventually(lambda: _in_queue(raw, "{deadhead:k}", 2))
+        await holder.release()
+        assert await raw.get("{deadhead:k}") == b"dead"
+        assert 0 < await raw.pttl("{deadhead:k}") <= 500
+        lease = await waiting  # long before its 10 s timeout, and the 30 s ttl
+        assert lease.fencing_token > holder.fencing_token + 1  # the dead head had one
+        await lease.release()
+
+
+async def test_a_fair_head_that_missed_its_handoff_takes_the_lock_at_its_next_attempt(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The head's pub/sub connection is gone when the release hands it the lock, so the
+    wakeup is lost: once reconnected it re-checks, and that attempt confirms the lock is its
+    own (without it, the head would wait out its own 30 s lease and time out)."""
+    async with (
+        aiodlock.connect(redis_url, namespace="missed") as a,
+        aiodlock.connect(redis_url, namespace="missed") as b,
+    ):
+        holder = await a.lock("k", fair=True, ttl=30).acquire()
+        waiting = asyncio.create_task(b.lock("k", fair=True, ttl=30).acquire(timeout=10))
+        await wait_until(lambda: b.statistics().backend["waiters"] >= 1)
+        await eventually(lambda: _in_queue(raw, "{missed:k}", 1))
+        await raw.client_kill_filter(_type="pubsub")
+        await holder.release()  # b reconnects after a backoff of at least 25 ms
+        lease = await waiting
+        assert await raw.get("{missed:k}") == lease.owner.encode()
+        await lease.release()
+
+
 async def test_renew_never_resurrects(redis_url: str, raw: aioredis.Redis) -> None:
     async with aiodlock.connect(redis_url, namespace="resurrect", ttl=0.3) as locks:
         lease = await locks.lock("k").acquire()

@@ -20,7 +20,10 @@ head of the queue; each refused attempt is also the waiter's *heartbeat*, refres
 liveness deadline to now + ttl, and ``retry_after`` is at most ttl/3 so a live waiter never
 misses its deadline. A waiter that stops trying (crashed, partitioned) is purged when its
 deadline passes, so a dead process can stall the queue for one lease at most. A release wakes
-only the new head (its owner id is the pub/sub payload): no thundering herd.
+only the new head (its owner id is the pub/sub payload): no thundering herd. In pub/sub mode
+the release hands the lock to the head in the same script (``FAIR_RELEASE``; its wakeup
+carries the fencing token), so the head's grant needs no attempt of its own; a head that
+missed that wakeup finds the key its own at its next attempt (``FAIR_ACQUIRE`` confirms it).
 
 A live process must not stall it at all, so a waiter that gives up (cancelled, timed out)
 leaves at once: its waiter sends the leaving release in the same loop step, ahead of every
@@ -225,6 +228,10 @@ class RedisBackend:
         # its waiter is armed (this loop step), and the grants handed over that a re-check
         # will pick up.
         self._handoffs = not self._wait_replicas
+        # Fair locks in pub/sub mode: a release hands the lock to the queue's head (see
+        # FAIR_RELEASE), which needs to know when its latest attempt was sent, for the lease.
+        self._fair_handoff = "h" if self._handoffs and wakeup == "pubsub" else "-"
+        self._fair_sent: dict[str, float] = {}
         self._armed: dict[str, int] = {}
         self._refused_ms: dict[str, int] = {}
         self._handed: dict[str, Grant] = {}
@@ -248,9 +255,9 @@ class RedisBackend:
         if self._wakeup == "pubsub":
             source = self._source
             self._hub = (
-                ShardedHub(source, unclaimed=self._pass_on)
+                ShardedHub(source, unclaimed=self._pass_on, handed=self._fair_handed)
                 if isinstance(source, ClusterSource)
-                else PubSubHub(source, unclaimed=self._pass_on)
+                else PubSubHub(source, unclaimed=self._pass_on, handed=self._fair_handed)
             )
             self._hub.start(tg.create_task)
         else:
@@ -349,6 +356,10 @@ class RedisBackend:
         with self._errors["acquire"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
+                    handed = self._handed.pop(owner, None)
+                    if handed is not None:
+                        self._fair_done(keys, owner)
+                        return handed
                     answer = self._rechecks.answer(owner)
                     if answer is not None:
                         return answer
@@ -582,20 +593,35 @@ class RedisBackend:
                 )
             )
             return Grant(reply[1]) if reply[0] == 1 else _busy(reply[1])
-        rechecks = self._rechecks
         try:
             reply = await wait_outcome(source.submit(self._fair_send, keys, owner, ms, first=first))
         except BaseException:
-            rechecks.drop(owner)
-            hub.forget(keys.signal, owner)
+            self._fair_done(keys, owner)
             raise
         if reply[0] == 1:
-            rechecks.drop(owner)
-            hub.forget(keys.signal, owner)
+            self._fair_done(keys, owner)  # granted (or handed the lock, and this confirmed it)
             return Grant(reply[1])
         busy = _busy(reply[1])
-        rechecks.refused(owner, busy)
+        self._rechecks.refused(owner, busy)
         return busy
+
+    def _fair_done(self, keys: Keys, owner: str) -> None:
+        """``owner`` no longer waits in the fair queue of ``keys``: forget what was kept for
+        it (a release that follows gives back a lock handed to it meanwhile)."""
+        self._rechecks.drop(owner)
+        self._handed.pop(owner, None)
+        self._fair_sent.pop(owner, None)
+        if self._hub is not None:
+            self._hub.forget(keys.signal, owner)
+
+    def _fair_handed(self, owner: bytes, token: int) -> None:
+        """A release handed ``owner``, a fair waiter of ours, the lock (see FAIR_RELEASE): its
+        re-check takes the grant. The lease counts from its latest attempt's request, which
+        the server ran before that release: no later than the server counts it."""
+        name = owner.decode("utf-8", "surrogatepass")
+        sent = self._fair_sent.get(name)
+        if sent is not None:
+            self._handed[name] = Grant(token, sent)
 
     async def _fair_send(
         self, client: aioredis.Redis, keys: Keys, owner: str, ms: int
@@ -608,6 +634,7 @@ class RedisBackend:
         if live:
             hub.expect(keys.signal, owner)
             self._rechecks.sent(owner, live)
+        self._fair_sent[owner] = asyncio.get_running_loop().time()
         return await self._attempts.run(
             client, lua.FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode, self._fence_ms
         )
@@ -628,9 +655,7 @@ class RedisBackend:
         with self._errors["release"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
-                    self._rechecks.drop(owner)
-                    if self._hub is not None:
-                        self._hub.forget(keys.signal, owner)
+                    self._fair_done(keys, owner)
                     left = await attempts.left(owner)
                     if left is not None:
                         return left  # it left its queue as its waiter ended (see waiter())
@@ -638,7 +663,13 @@ class RedisBackend:
                         return False
                     try:
                         done = await call(
-                            lua.run, lua.FAIR_RELEASE, keys.fair_release, owner, mode
+                            lua.run,
+                            lua.FAIR_RELEASE,
+                            keys.fair_release,
+                            owner,
+                            mode,
+                            self._fair_handoff,
+                            self._fence_ms,
                         )
                     except BaseException:
                         attempts.stay(owner)  # the outcome is unknown: a retry must be sent
@@ -837,8 +868,16 @@ class RedisBackend:
         if attempts.in_flight(owner) or not attempts.leave(owner):
             return  # the core's release waits for the attempt, then sends the release
         keys = keys_for(spec.namespace, spec.name)
+        self._fair_done(keys, owner)
         leaving = self._source.submit(
-            lua.run, lua.FAIR_RELEASE, keys.fair_release, owner, self._mode, first=True
+            lua.run,
+            lua.FAIR_RELEASE,
+            keys.fair_release,
+            owner,
+            self._mode,
+            self._fair_handoff,
+            self._fence_ms,
+            first=True,
         )
         attempts.leaving(owner, leaving)
 

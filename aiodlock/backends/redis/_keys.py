@@ -118,7 +118,7 @@ class Keys:
         self.mutex_acquire = (tag, fence, self.yield_)
         self.mutex_release = (tag, self.signal, self.mutex_waiters, self.yield_)
         self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
-        self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal)
+        self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal, fence)
         self.read_acquire = (self.writer, fence, self.readers, self.rsignal, self.rw_waiters)
         self.write_acquire = (self.writer, fence, self.readers)
         self.read_release = (self.readers, self.rw_signal, self.rw_waiters)

@@ -223,10 +223,14 @@ class PubSubHub:
         sharded: bool = False,
         ids: Iterator[int] | None = None,
         unclaimed: Callable[[bytes], None] | None = None,
+        handed: Callable[[bytes, int], None] | None = None,
     ) -> None:
         self._source = source
         # Called with a channel's name when a "1" reached it that no waiter here can use.
         self._unclaimed = unclaimed
+        # Called with an owner and its fencing token when a wakeup "OWNER TOKEN" (a release
+        # handed that owner the lock) reaches its waiter here, just before it is woken.
+        self._handed = handed
         self._sharded = sharded
         self._kinds = _SHARDED if sharded else _PLAIN
         # Subscription numbers (see subscription()); hubs that share ``ids`` never reuse one.
@@ -474,12 +478,19 @@ class PubSubHub:
             for w in ch.waiters:
                 w._wake(owes=False)
         else:
+            owner, _, token = data.partition(b" ")
             for w in ch.waiters:
-                if w._owner == data:
+                if w._owner == owner:
+                    self._hand(owner, token)
                     w._wake(owes=False)
                     return
-            if data in ch.expected:
-                ch.expected[data] = True
+            if owner in ch.expected:
+                self._hand(owner, token)
+                ch.expected[owner] = True
+
+    def _hand(self, owner: bytes, token: bytes) -> None:
+        if token and self._handed is not None:
+            self._handed(owner, int(token))
 
     def _on_subscribe(self, name: bytes) -> None:
         self._changed.set()

@@ -682,6 +682,12 @@ FAIR_ACQUIRE: Final = Script(
 -- A refused owner is appended once; each attempt refreshes its deadline to now + lease.
 local lock, fence, queue, qd, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+if redis.call('GET', lock) == owner then
+  -- A release handed us the lock (FAIR_RELEASE) and we did not hear it: confirm, and time
+  -- the lease from this request, as the client will.
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(redis.call('GET', fence)) or next_token(fence, ARGV[#ARGV])}
+end
 local dropped = purge(queue, qd, now, signal, mode)
 local free = redis.call('EXISTS', lock) == 0
 local head = redis.call('LINDEX', queue, 0)
@@ -724,16 +730,22 @@ return {0, wait}
 )
 
 FAIR_RELEASE: Final = Script(
-    _NOW
+    _NEXT_TOKEN
+    + _NOW
     + _FAIR
     + """
--- KEYS[1] lock, KEYS[2] queue, KEYS[3] qdeadline, KEYS[4] signal
--- ARGV[1] owner, ARGV[2] notify mode
+-- KEYS[1] lock, KEYS[2] queue, KEYS[3] qdeadline, KEYS[4] signal, KEYS[5] fence
+-- ARGV[1] owner, ARGV[2] notify mode, ARGV[3] 'h': hand the lock over, ARGV[4] fence ttl ms
 -- -> 1 released the lock | 0 did not hold it (a waiter leaving the queue also returns 0)
 -- Doubles as "leave the queue" for a cancelled or timed-out waiter. If the lock ends up
 -- free and the head changed (we released, the head left, or dead heads were purged), the
 -- head -- and only the head -- is woken.
-local lock, queue, qd, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- With 'h' (pub/sub mode), a release hands the lock straight to the head: the key names it,
+-- the fencing counter moves on, and the wakeup says "HEAD TOKEN", so the head needs no
+-- attempt of its own. Its lease ends at its liveness deadline (its last attempt + its ttl),
+-- which is no earlier than its client reckons (from that attempt's request); a head that
+-- died holds the lock no longer than it would have held its place.
+local lock, queue, qd, signal, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, mode = ARGV[1], ARGV[2]
 local changed = purge(queue, qd, now, signal, mode) > 0
 local released = 0
@@ -749,7 +761,18 @@ elseif redis.call('ZREM', qd, owner) == 1 then
 end
 if changed and redis.call('EXISTS', lock) == 0 then
   local head = redis.call('LINDEX', queue, 0)
-  if head then notify_owner(signal, head, mode) end
+  -- purge() left only heads whose deadline is still ahead
+  local deadline = head and released == 1 and ARGV[3] == 'h' and redis.call('ZSCORE', qd, head)
+  if deadline then
+    redis.call('SET', lock, head, 'PX', math.max(math.floor(tonumber(deadline) - now), 1))
+    redis.call('LPOP', queue)
+    redis.call('ZREM', qd, head)
+    expire_at_max(qd, queue)
+    local token = next_token(fence, ARGV[4])
+    notify(signal, head .. ' ' .. string.format('%.0f', token), mode, 1, false)
+  elseif head then
+    notify_owner(signal, head, mode)
+  end
 end
 return released
 """

@@ -142,10 +142,15 @@ class ShardedHub:
     """Sharded pub/sub over one :class:`~._pubsub.PubSubHub` per master (see module)."""
 
     def __init__(
-        self, source: ClusterSource, *, unclaimed: Callable[[bytes], None] | None = None
+        self,
+        source: ClusterSource,
+        *,
+        unclaimed: Callable[[bytes], None] | None = None,
+        handed: Callable[[bytes, int], None] | None = None,
     ) -> None:
         self.source = source
         self._unclaimed = unclaimed  # see PubSubHub
+        self._handed = handed
         self._where = source.describe()
         self._hubs: dict[str, PubSubHub] = {}
         # Subscription numbers unique across the masters' hubs (see PubSubHub.subscription).
@@ -176,7 +181,11 @@ class ShardedHub:
         hub = self._hubs.get(route)
         if hub is None:
             hub = PubSubHub(
-                _Master(self.source, route), sharded=True, ids=self._ids, unclaimed=self._unclaimed
+                _Master(self.source, route),
+                sharded=True,
+                ids=self._ids,
+                unclaimed=self._unclaimed,
+                handed=self._handed,
             )
             hub.start(self._spawn)
             self._hubs[route] = hub
