@@ -278,7 +278,8 @@ async def test_a_release_cancelled_during_a_handoff_leaves_the_lock_to_its_taker
 @contextlib.asynccontextmanager
 async def _logging_every_command(raw: aioredis.Redis) -> AsyncIterator[None]:
     """The server's slow log records every command (with its arguments) meanwhile."""
-    slower, length = (await raw.config_get("slowlog-*")).values()
+    config = await raw.config_get("slowlog-*")
+    slower, length = str(config["slowlog-log-slower-than"]), str(config["slowlog-max-len"])
     await raw.config_set("slowlog-log-slower-than", 0)
     await raw.config_set("slowlog-max-len", 10000)
     await raw.slowlog_reset()
