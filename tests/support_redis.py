@@ -13,6 +13,7 @@ import aiodlock
 
 SIGNAL_TTL_MS = 5000  # aiodlock's BLPOP wake tokens live this long (restated: private)
 COURTESY_MS = 30  # and a mutex's courtesy after a release to waiting others
+RUN_MS = 10  # and a client's run of grants while others wait
 
 __all__ = ["RedisClusterProbe", "RedisProbe"]
 
@@ -47,6 +48,8 @@ class RedisProbe:
                 continue
             if key.endswith(b":yield") and 0 < pttl <= COURTESY_MS:
                 continue  # a releaser's courtesy to other clients: expires within 30 ms
+            if key.endswith(b":run") and 0 < pttl <= RUN_MS:
+                continue  # a client's run of grants while others wait: expires within 10 ms
             keys.append(bytes(key).decode())
         channels = await self.channels(f"*{{{namespace}:*")
         return keys + [f"channel {c!r}" for c in channels]

@@ -592,6 +592,47 @@ def test_fence_ttl_is_checked(value: object) -> None:
         aiodlock.connect("redis://127.0.0.1:1/0", fence_ttl=value)
 
 
+@pytest.mark.parametrize("value", [-1, float("nan"), "soon", None, True])
+def test_burst_is_checked(value: object) -> None:
+    with pytest.raises((TypeError, ValueError), match="burst"):
+        aiodlock.connect("redis://127.0.0.1:1/0", burst=value)
+
+
+@pytest.mark.parametrize(("burst", "expected"), [(30.0, "a a b"), (0.0, "a b a")])
+async def test_a_client_keeps_the_lock_for_its_run_then_lets_the_woken_client_in(
+    redis_url: str, raw: aioredis.Redis, burst: float, expected: str
+) -> None:
+    """A client granted the lock while another client waits may take it back for ``burst``
+    seconds (here its next task takes it over, although the other client registered first);
+    when the run is over, or with ``burst=0``, the client that waited longer goes first."""
+    order: list[str] = []
+    space = f"run{int(burst)}"
+    async with (
+        aiodlock.connect(redis_url, namespace=space, burst=burst) as a,
+        aiodlock.connect(redis_url, namespace=space, burst=burst) as b,
+    ):
+        holder = await b.lock("k", ttl=30).acquire()
+
+        async def take(who: str, locks: aiodlock.LockClient, then: asyncio.Event) -> None:
+            async with locks.lock("k", ttl=30, timeout=20):
+                order.append(who)
+                await then.wait()
+
+        go = [asyncio.Event() for _ in range(3)]
+        first = asyncio.create_task(take("a", a, go[0]))
+        await eventually(partial(_has, raw, space, "k", 1))
+        other = asyncio.create_task(take("b", b, go[2]))
+        await eventually(partial(_has, raw, space, "k", 2))  # b waits behind a
+        await holder.release()
+        await wait_until(lambda: order == ["a"])  # granted while b waits: a's run starts
+        second = asyncio.create_task(take("a", a, go[1]))
+        await wait_until(lambda: a.statistics().backend["waiters"] >= 1)
+        for event in go:
+            event.set()
+        await asyncio.gather(first, second, other)
+    assert " ".join(order) == expected
+
+
 async def test_tokens_keep_increasing_across_a_restart_under_contention() -> None:
     """Issues 12 and 16.6: tasks of two clients contend for one lock while the server (no
     persistence) is restarted under them. Holders at the restart are told (their renewal

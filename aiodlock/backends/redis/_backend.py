@@ -86,6 +86,8 @@ _WAKEUP_MODES: Final = ("pubsub", "blpop")
 _DEFAULT_FENCE_TTL: Final = 7 * 24 * 3600.0
 # wait_replicas: the longest a grant waits for its replicas (less if socket_timeout is short).
 _WAIT_MS: Final = 1000
+# How long a client that takes a mutex while others wait may keep taking it back (see burst).
+_DEFAULT_BURST: Final = 0.01
 
 
 def _check_replicas(value: object) -> int:
@@ -101,6 +103,13 @@ def _fence_ms(fence_ttl: object) -> int:
     seconds = check_seconds(
         fence_ttl, argument="option fence_ttl", allow_none=False, allow_zero=True
     )
+    assert seconds is not None
+    return 0 if seconds == 0 else _lease_ms(seconds)
+
+
+def _burst_ms(burst: object) -> int:
+    """The ``burst`` option in whole milliseconds; 0 serves waiting clients strictly in turn."""
+    seconds = check_seconds(burst, argument="option burst", allow_none=False, allow_zero=True)
     assert seconds is not None
     return 0 if seconds == 0 else _lease_ms(seconds)
 
@@ -133,12 +142,15 @@ class RedisBackend:
     ``socket_timeout`` (seconds, default 5; bounds each command), ``max_connections``
     (command connections, default 2: commands queue for a free one, so 1000 waiters cost 2
     command connections plus the one pub/sub connection; raise it for a high-latency link),
-    ``db`` (for ``unix://``; ``redis://host/N`` carries it in the path), and ``fence_ttl``
+    ``db`` (for ``unix://``; ``redis://host/N`` carries it in the path), ``fence_ttl``
     (seconds a lock name's fencing counter outlives its last grant, default 7 days; 0 keeps
-    it forever: a counter that is gone restarts from the server clock, see :mod:`._keys`).
-    ``rediss://`` takes redis-py's TLS options ``ssl_ca_certs``, ``ssl_certfile``,
-    ``ssl_keyfile``, ``ssl_cert_reqs`` and ``ssl_check_hostname``; ``redis_client`` (keyword
-    only) is an application's ``redis.asyncio.Redis``, whose pool is used and never closed.
+    it forever: a counter that is gone restarts from the server clock, see :mod:`._keys`),
+    and ``burst`` (pub/sub mode, seconds, default 0.01: a client that takes a mutex while
+    other clients wait may take it back for this long before it must let the client it woke
+    in; 0 serves the waiting clients strictly one grant each, in turn). ``rediss://`` takes
+    redis-py's TLS options ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
+    ``ssl_cert_reqs`` and ``ssl_check_hostname``; ``redis_client`` (keyword only) is an
+    application's ``redis.asyncio.Redis``, whose pool is used and never closed.
 
     Example::
 
@@ -168,6 +180,7 @@ class RedisBackend:
     options: ClassVar[Mapping[str, type]] = {
         "wakeup": str,
         "fence_ttl": float,
+        "burst": float,
         "wait_replicas": int,
         **SentinelSource.options,
     }
@@ -184,6 +197,7 @@ class RedisBackend:
                 f"not {wakeup!r}"
             )
         self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
+        self._burst_ms = _burst_ms(options.get("burst", _DEFAULT_BURST))
         self._wait_replicas = _check_replicas(options.get("wait_replicas", 0))
         self._cluster = url.scheme == "redis+cluster"
         if self._cluster and self._wait_replicas:
@@ -461,6 +475,7 @@ class RedisBackend:
             ms,
             self._client_id,
             "r" if live else "-",
+            self._burst_ms,
             self._fence_ms,
         )
 

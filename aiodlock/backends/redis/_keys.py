@@ -9,6 +9,7 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
     T:note           STRING  mutex: "OWNER\nNOTE", a holder's note (leader)  (PX = ttl given)
     T:yield          STRING  mutex: client that released it to waiting others (PX 30 ms)
+    T:run            STRING  pub/sub mode: client taking a mutex in a run        (PX 10 ms)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
     T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
     T:signal:CLIENT  pub/sub mode: the mutex channel of one client's waiters
@@ -79,6 +80,7 @@ class Keys:
         "read_release",
         "readers",
         "rsignal",
+        "run",
         "rw_signal",
         "rw_waiters",
         "sem",
@@ -141,10 +143,11 @@ class Keys:
         # Pub/sub mode: the mutex scripts also take the registry of waiting clients (see
         # _scripts.MUTEX_RELEASE).
         self.clients = tag + b":clients"
-        self.mutex_acquire_c = (*self.mutex_acquire, self.clients)
-        self.mutex_release_c = (*self.mutex_release, self.clients)
+        self.run = tag + b":run"
+        self.mutex_acquire_c = (*self.mutex_acquire, self.clients, self.run)
+        self.mutex_release_c = (*self.mutex_release, self.clients, self.run)
         self.wake_next = (tag, self.clients, self.signal)
-        self.mutex_handoff = (tag, fence, self.yield_, self.clients, self.signal)
+        self.mutex_handoff = (tag, fence, self.yield_, self.clients, self.signal, self.run)
         self.break_mutex = (
             tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients
         )

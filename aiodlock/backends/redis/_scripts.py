@@ -261,23 +261,25 @@ local function leave_on_grant(owner, registry, lists)
 end
 """
 
-# wake_client(clients, signal, mode, skip, stop): pop the longest-registered client of a
-# mutex's registry and publish "1" on its own channel (signal .. ':' .. client), until one is
-# reached: a channel without subscribers (the client crashed, or stopped waiting long ago)
+# wake_client(clients, signal, mode, skip, stop, keep): pop the longest-registered client of
+# a mutex's registry and publish "1" on its own channel (signal .. ':' .. client), until one
+# is reached: a channel without subscribers (the client crashed, or stopped waiting long ago)
 # counts 0, and its entry is gone with the pop. Returns the client woken, or false. ``skip``:
 # a client that is passing a wakeup on must not be handed it back; ``stop``: a client whose
-# turn ends the search, left in place (false: none).
+# turn ends the search, left in place (false: none); ``keep``: the client woken keeps its
+# place (it may not get the lock this time: see MUTEX_RELEASE).
 _WAKE_CLIENT = (
     _NOTIFY
     + """
-local function wake_client(clients, signal, mode, skip, stop)
+local function wake_client(clients, signal, mode, skip, stop, keep)
   while true do
     local client = redis.call('ZRANGE', clients, 0, 0)[1]
     if not client or client == stop then return false end
-    redis.call('ZREM', clients, client)
     if client ~= skip and notify(signal .. ':' .. client, '1', mode, 1, false) > 0 then
+      if not keep then redis.call('ZREM', clients, client) end
       return client
     end
+    redis.call('ZREM', clients, client)
   end
 end
 """
@@ -305,18 +307,24 @@ COURTESY_MS = 30
 long enough for a woken waiter of another process to send its attempt, so the releaser, which
 is awake and first to try again, does not take the lock back round after round."""
 
+
 MUTEX_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _LEAVE_ON_GRANT
     + _REGISTER
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield; then BLPOP mode: KEYS[4] waiters, KEYS[5]
--- signal; pub/sub mode: KEYS[4] clients
+-- signal; pub/sub mode: KEYS[4] clients, KEYS[5] run
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] client id, [pub/sub mode: ARGV[4] 'r' if this
--- client's channel for the lock is subscribed, so a refusal registers it], fence ttl ms last
+-- client's channel for the lock is subscribed, so a refusal registers it, else '-'; ARGV[5]
+-- run ms], fence ttl ms last
 -- -> {1, fencing token} | {0, ms to wait: the holder's PTTL (-1: no TTL), or the rest of
 -- this client's courtesy after its own release (see MUTEX_RELEASE)}
-local registry = #KEYS == 4 and KEYS[4]
+-- A grant while other clients wait starts this client's run, unless one is under way: for
+-- run ms (T:run) its releases neither stay out for the courtesy nor take the place of the
+-- client they wake, so it may take the lock straight back (see MUTEX_RELEASE).
+local pubsub = ARGV[4] == 'r' or ARGV[4] == '-'
+local registry = pubsub and KEYS[4]
 local yielding = redis.call('GET', KEYS[3])
 if yielding == ARGV[3] then
   if registry and ARGV[4] == 'r' then register(registry, ARGV[3], KEYS[1]) end
@@ -324,9 +332,15 @@ if yielding == ARGV[3] then
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if yielding then redis.call('DEL', KEYS[3]) end
-  if #KEYS == 5 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
-  -- Granted: this client goes to the back of the line (its next waiter registers anew).
-  if registry then redis.call('ZREM', registry, ARGV[3]) end
+  if not pubsub and #KEYS == 5 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
+  if registry then
+    -- Granted: this client goes to the back of the line (its next waiter registers anew).
+    redis.call('ZREM', registry, ARGV[3])
+    if ARGV[5] ~= '0' and redis.call('EXISTS', registry) == 1
+        and redis.call('GET', KEYS[5]) ~= ARGV[3] then
+      redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[5])
+    end
+  end
   return {1, next_token(KEYS[2], ARGV[#ARGV])}
 end
 if registry and ARGV[4] == 'r' then register(registry, ARGV[3], KEYS[1]) end
@@ -338,7 +352,7 @@ MUTEX_RELEASE: Final = Script(
     _WAKE_CLIENT
     + """
 -- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry), KEYS[4] yield; pub/sub
--- mode also KEYS[5] clients
+-- mode also KEYS[5] clients, KEYS[6] run
 -- ARGV[1] owner, ARGV[2] notify mode; optional ARGV[3] client id, ARGV[4] waiters of this
 -- client notified too (its own subscription / registrations), ARGV[5] courtesy ms
 -- -> 1 released | 0 not the owner (never held, released already, or expired)
@@ -346,17 +360,20 @@ MUTEX_RELEASE: Final = Script(
 -- waiter per process ("1" on the lock's channel: clients that do not register). If another
 -- client was woken, this one stays out for the courtesy (until the woken one takes the lock,
 -- or it expires): otherwise the releaser, awake and first to try again, takes the lock back
--- before anyone else has heard of the release, and the others starve.
+-- before anyone else has heard of the release, and the others starve. Within this client's
+-- run (T:run, see MUTEX_ACQUIRE) it does not stay out, and the client woken keeps its place:
+-- it takes the lock if it asks first, else at the latest when the run is over.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local woken = #KEYS == 5 and wake_client(KEYS[5], KEYS[2], ARGV[2], false, false)
+  local in_run = #KEYS == 6 and redis.call('GET', KEYS[6]) == ARGV[3]
+  local woken = #KEYS == 6 and wake_client(KEYS[5], KEYS[2], ARGV[2], false, false, in_run)
   local others
   if woken then
     others = woken ~= ARGV[3]
   else
     others = notify(KEYS[2], '1', ARGV[2], 1, KEYS[3]) > tonumber(ARGV[4] or '0')
   end
-  if ARGV[5] and others then
+  if ARGV[5] and others and not in_run then
     redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[5])
   end
   return 1
@@ -369,19 +386,21 @@ MUTEX_HANDOFF: Final = Script(
     _WAKE_CLIENT
     + _NEXT_TOKEN
     + """
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal, KEYS[6] run
 -- ARGV[1] taker (a waiter of this client), ARGV[2] owner, ARGV[3] taker's lease ms,
 -- ARGV[4] client id, ARGV[5] notify mode, ARGV[6] courtesy ms, ARGV[7] fence ttl ms
 -- -> {2, fencing token} handed to the taker | {1} released: another client has waited
 -- longer and was woken | {0} not the owner
 -- A release that hands the lock straight to the next waiter of the same client, in the
 -- same step: one round trip where a release, its wakeup and the waiter's attempt would be
--- three. Only while no other client waits longer (registered ahead of this one): those are
--- woken as by MUTEX_RELEASE, and this client stays out for the courtesy.
+-- three. Only within this client's run (T:run, see MUTEX_ACQUIRE) or while no other client waits
+-- longer (registered ahead of this one): those are woken as by MUTEX_RELEASE, and this
+-- client stays out for the courtesy.
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {0}
 end
-if wake_client(KEYS[4], KEYS[5], ARGV[5], false, ARGV[4]) then
+local in_run = redis.call('GET', KEYS[6]) == ARGV[4]
+if not in_run and wake_client(KEYS[4], KEYS[5], ARGV[5], false, ARGV[4], false) then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
   return {1}
@@ -404,7 +423,7 @@ WAKE_NEXT: Final = Script(
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-if wake_client(KEYS[2], KEYS[3], ARGV[2], ARGV[1], false) then
+if wake_client(KEYS[2], KEYS[3], ARGV[2], ARGV[1], false, false) then
   return 1
 end
 return 0
