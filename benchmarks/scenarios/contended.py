@@ -33,6 +33,8 @@ class Tally:
     stalled: bool = False
     holds: list[tuple[float, float]] = field(default_factory=list)
     per_process: list[int] = field(default_factory=list)
+    # How long each critical section really took: a loop's timers may fire late or early.
+    held: list[float] = field(default_factory=list)
 
     def result(self, section: float) -> dict[str, object]:
         throughput = self.grants / (self.end - self.start)
@@ -43,6 +45,7 @@ class Tally:
             **{f"wait_{k}": v for k, v in summary_ms(self.waits).items()},
             "violations": self.violations + _overlaps(self.holds),
             "stalled": self.stalled,
+            "hold_mean": summary_ms(self.held)["mean"],
         }
         if self.per_process:
             out["grants_min"] = min(self.per_process)
@@ -55,6 +58,7 @@ class Tally:
             "waits": self.waits,
             "stalled": self.stalled,
             "holds": self.holds,
+            "held": self.held,
             "violations": self.violations,
         }
 
@@ -68,6 +72,9 @@ class Tally:
         self.per_process.append(grants)
         self.waits.extend(waits)
         self.holds.extend((float(a), float(b)) for a, b in holds)
+        held = other.get("held", [])
+        assert isinstance(held, list)
+        self.held.extend(float(h) for h in held)
         self.violations += int(other["violations"])  # type: ignore[call-overload]
         self.stalled = self.stalled or bool(other["stalled"])
 
@@ -118,8 +125,10 @@ async def run_async(
                     tally.grants += 1
                 await asyncio.sleep(section)
                 tally.inside -= 1
+                ended = clock()
+                tally.held.append(ended - granted)
                 if record_holds:
-                    tally.holds.append((granted, clock()))
+                    tally.holds.append((granted, ended))
 
     if begin > clock():
         await asyncio.sleep(begin - clock())
@@ -168,10 +177,12 @@ def run_threads(
                         if granted < tally.end:
                             tally.grants += 1
                     time.sleep(section)
+                    ended = clock()
                     with guard:
                         tally.inside -= 1
+                        tally.held.append(ended - granted)
                         if record_holds:
-                            tally.holds.append((granted, clock()))
+                            tally.holds.append((granted, ended))
         except BaseException as exc:
             errors.append(exc)
 

@@ -307,7 +307,6 @@ COURTESY_MS = 30
 long enough for a woken waiter of another process to send its attempt, so the releaser, which
 is awake and first to try again, does not take the lock back round after round."""
 
-
 MUTEX_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _LEAVE_ON_GRANT
@@ -393,9 +392,9 @@ MUTEX_HANDOFF: Final = Script(
 -- longer and was woken | {0} not the owner
 -- A release that hands the lock straight to the next waiter of the same client, in the
 -- same step: one round trip where a release, its wakeup and the waiter's attempt would be
--- three. Only within this client's run (T:run, see MUTEX_ACQUIRE) or while no other client waits
--- longer (registered ahead of this one): those are woken as by MUTEX_RELEASE, and this
--- client stays out for the courtesy.
+-- three. Only within this client's run (T:run, see MUTEX_ACQUIRE) or while no other
+-- client waits longer (registered ahead of this one): those are woken as by MUTEX_RELEASE,
+-- and this client stays out for the courtesy.
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {0}
 end
