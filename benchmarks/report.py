@@ -189,12 +189,11 @@ def _contended(doc: Doc, backend: str) -> str:
             spread = f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}"
         lines.append([_label(doc, r), r["loop"], _f(m["throughput"], 0) + stall,
                       _f(m["efficiency"] * 100, 0, " %"), _f(m.get("hold_mean", math.nan), 2),
-                      _f(m["wait_p50"], 1),
-                      _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
+                      _f(m["wait_p50"], 1), _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
                       str(int(m["violations"])) if m.get("violations") else "0"])  # fmt: skip
     return _table(["library", "loop", "grants/s", "efficiency", "hold ms", "wait p50 ms",
-                   "wait p99 ms",
-                   "wait max ms", "grants per process", "overlaps"], lines)  # fmt: skip
+                   "wait p99 ms", "wait max ms", "grants per process", "overlaps"],
+                  lines)  # fmt: skip
 
 
 def _waiters(doc: Doc, backend: str) -> str:

@@ -98,18 +98,12 @@ def _check_replicas(value: object) -> int:
     return value
 
 
-def _fence_ms(fence_ttl: object) -> int:
-    """The ``fence_ttl`` option in whole milliseconds; 0 keeps fencing counters forever."""
+def _option_ms(options: Mapping[str, Any], name: str, default: float) -> int:
+    """A seconds option (``fence_ttl``, ``burst``) in whole milliseconds; 0 stays 0 (keep
+    fencing counters forever; serve waiting clients strictly in turn)."""
     seconds = check_seconds(
-        fence_ttl, argument="option fence_ttl", allow_none=False, allow_zero=True
+        options.get(name, default), argument=f"option {name}", allow_none=False, allow_zero=True
     )
-    assert seconds is not None
-    return 0 if seconds == 0 else _lease_ms(seconds)
-
-
-def _burst_ms(burst: object) -> int:
-    """The ``burst`` option in whole milliseconds; 0 serves waiting clients strictly in turn."""
-    seconds = check_seconds(burst, argument="option burst", allow_none=False, allow_zero=True)
     assert seconds is not None
     return 0 if seconds == 0 else _lease_ms(seconds)
 
@@ -196,8 +190,8 @@ class RedisBackend:
                 f"option wakeup must be one of {', '.join(map(repr, _WAKEUP_MODES))}, "
                 f"not {wakeup!r}"
             )
-        self._fence_ms = _fence_ms(options.get("fence_ttl", _DEFAULT_FENCE_TTL))
-        self._burst_ms = _burst_ms(options.get("burst", _DEFAULT_BURST))
+        self._fence_ms = _option_ms(options, "fence_ttl", _DEFAULT_FENCE_TTL)
+        self._burst_ms = _option_ms(options, "burst", _DEFAULT_BURST)
         self._wait_replicas = _check_replicas(options.get("wait_replicas", 0))
         self._cluster = url.scheme == "redis+cluster"
         if self._cluster and self._wait_replicas:
@@ -370,7 +364,7 @@ class RedisBackend:
         with self._errors["acquire"]:
             if kind is Kind.MUTEX:
                 if spec.fair:
-                    handed = self._handed.pop(owner, None)
+                    handed = self._handed.get(owner)
                     if handed is not None:
                         self._fair_done(keys, owner)
                         return handed
@@ -629,6 +623,19 @@ class RedisBackend:
         if self._hub is not None:
             self._hub.forget(keys.signal, owner)
 
+    def _fair_release(self, keys: Keys, owner: str) -> tuple[Any, ...]:
+        """What the source runs to release ``owner``'s fair lock or take it off the queue
+        (``FAIR_RELEASE``; in pub/sub mode it hands the lock to the queue's head)."""
+        return (
+            lua.run,
+            lua.FAIR_RELEASE,
+            keys.fair_release,
+            owner,
+            self._mode,
+            self._fair_handoff,
+            self._fence_ms,
+        )
+
     def _fair_handed(self, owner: bytes, token: int) -> None:
         """A release handed ``owner``, a fair waiter of ours, the lock (see FAIR_RELEASE): its
         re-check takes the grant. The lease counts from its latest attempt's request, which
@@ -677,15 +684,7 @@ class RedisBackend:
                     if not attempts.leave(owner):
                         return False
                     try:
-                        done = await call(
-                            lua.run,
-                            lua.FAIR_RELEASE,
-                            keys.fair_release,
-                            owner,
-                            mode,
-                            self._fair_handoff,
-                            self._fence_ms,
-                        )
+                        done = await call(*self._fair_release(keys, owner))
                     except BaseException:
                         attempts.stay(owner)  # the outcome is unknown: a retry must be sent
                         raise
@@ -884,16 +883,7 @@ class RedisBackend:
             return  # the core's release waits for the attempt, then sends the release
         keys = keys_for(spec.namespace, spec.name)
         self._fair_done(keys, owner)
-        leaving = self._source.submit(
-            lua.run,
-            lua.FAIR_RELEASE,
-            keys.fair_release,
-            owner,
-            self._mode,
-            self._fair_handoff,
-            self._fence_ms,
-            first=True,
-        )
+        leaving = self._source.submit(*self._fair_release(keys, owner), first=True)
         attempts.leaving(owner, leaving)
 
     def _waiter(self, spec: LockSpec, owner: str) -> PubSubWaiter | ShardedWaiter | BlpopWaiter:
