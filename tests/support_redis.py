@@ -41,14 +41,16 @@ class RedisProbe:
             pttl = await self.raw.pttl(key)
             if pttl == -2:
                 continue  # expired since SCAN listed it
-            if key.endswith(b"signal") and 0 < pttl <= SIGNAL_TTL_MS:
+            # PTTL is 0, not -2, in a key's last millisecond: Redis expires it only once the
+            # clock is past its deadline.
+            if key.endswith(b"signal") and 0 <= pttl <= SIGNAL_TTL_MS:
                 # An unconsumed BLPOP wake token: short-lived by design (it expires within
                 # SIGNAL_TTL_MS). Rarely one is left after a storm of cancelled waiters: a
                 # known race, tracked as an issue; bounded, so not an orphan.
                 continue
-            if key.endswith(b":yield") and 0 < pttl <= COURTESY_MS:
+            if key.endswith(b":yield") and 0 <= pttl <= COURTESY_MS:
                 continue  # a releaser's courtesy to other clients: expires within 30 ms
-            if key.endswith(b":run") and 0 < pttl <= RUN_MS:
+            if key.endswith(b":run") and 0 <= pttl <= RUN_MS:
                 continue  # a client's run of grants while others wait: expires within 10 ms
             keys.append(bytes(key).decode())
         channels = await self.channels(f"*{{{namespace}:*")
