@@ -347,6 +347,39 @@ async def test_grant_inside_wait_is_claimed_not_raced(mysql_url: str, ns: str) -
         await lease.release()
 
 
+async def test_a_grant_inside_a_wait_comes_with_its_token(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """A mutex's wait is the fencing statement itself: the waiter granted the lock when the
+    holder releases sends no further statement for its token, and its lease is timed from
+    that statement's start (the server's idle clock starts later), not from the grant."""
+    ttl = 3.0
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        holder = await a.lock("w").acquire()
+        waiting = asyncio.create_task(b.lock("w", ttl=ttl).acquire(timeout=5))
+        await eventually(lambda: _count_waits(probe, ns, 1))
+        [(_, statement)] = await probe.waits(ns)
+        assert statement.startswith("INSERT INTO")
+        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (slice: ttl/3)
+        inserts = await _inserts(probe)
+        released_at = asyncio.get_running_loop().time()
+        await holder.release()
+        lease = await waiting
+        assert await _inserts(probe) == inserts  # no fencing statement after the grant
+        assert lease.fencing_token == holder.fencing_token + 1
+        assert lease.valid_until < released_at + ttl - 0.2
+        await lease.release()
+    assert await probe.leftovers(ns) == []
+
+
+async def _inserts(probe: MySQLProbe) -> int:
+    """The server's count of INSERT statements (plain and INSERT ... SELECT) so far."""
+    rows = await probe.rows(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_insert', 'Com_insert_select')"
+    )
+    return sum(int(value) for _, value in rows)
+
+
 async def test_mysql8_whole_second_timeouts(mysql_url: str, ns: str, probe: MySQLProbe) -> None:
     """MySQL rounds GET_LOCK's timeout to seconds: sub-second waits are cut on the client."""
     loop = asyncio.get_running_loop()

@@ -20,11 +20,14 @@ reconnects behind the lock's back (``ping(reconnect=False)``).
 connection, in slices of at most ``wait_slice`` seconds (default 1) and never beyond the
 caller's ``timeout``: the server wakes it the moment the lock is free; nothing sleeps on the
 client. When ``GET_LOCK`` succeeds inside a wait, that connection *is* the holder: the
-following attempt of the same acquisition claims it (bumps the fencing token on it) instead of
-releasing and racing for it again. A waiter cancelled mid-query has its connection closed by
-aiomysql, and a background janitor ``KILL``\\s that session so the server stops waiting for it
-at once (otherwise MariaDB notices the disconnect within about a second); a waiter that leaves
-while holding an unclaimed grant releases it first. No orphan lock survives a cancellation at
+following attempt of the same acquisition claims it instead of releasing and racing for it
+again. A mutex's wait is the fencing statement itself, with ``GET_LOCK(name, slice)`` as its
+condition (below), so a lock granted inside a wait arrives with its token: a contended handover
+costs the release and that one reply, not a second round trip for the token. A waiter
+cancelled mid-query has its connection closed by aiomysql, and a background janitor
+``KILL``\\s that session so the server stops waiting for it at once (otherwise MariaDB notices
+the disconnect within about a second); a waiter that leaves while holding an unclaimed grant
+releases it first. No orphan lock survives a cancellation at
 any await point.
 
 **Names** (see :mod:`._mysql_names`): ``namespace:family:name`` verbatim when it is at most 64
@@ -37,7 +40,9 @@ LAST_INSERT_ID(token + 1)`` and takes the token from the reply's insert id: one 
 durable bump per grant, in the lock's holder's session. A mutex's first attempt sends the
 ``GET_LOCK(name, 0)`` as the condition of that same statement (``INSERT ... SELECT ... FROM
 DUAL WHERE GET_LOCK(name, 0) = 1``), so taking a free lock with its token is one round trip;
-a grant inside a wait, and a semaphore slot, are bumped by a second statement. The
+its waits send the same statement with the slice as ``GET_LOCK``'s timeout (while one waits,
+it holds a shared metadata lock on the table: ordinary statements pass, an ``ALTER TABLE``
+waits for the slice to end). A semaphore slot is bumped by a second statement. The
 table (``fence_table`` option) is created on first use. A row unused for ``fence_ttl`` seconds
 (default 7 days) is deleted by a sweep each client runs at most once an hour, so the table
 does not grow with every name ever locked (a grant refreshes the row's ``touched`` time only once
@@ -158,12 +163,13 @@ _FENCE_BUMP: Final = (
     f"token = LAST_INSERT_ID(token + 1), {_RETOUCH}, {_WHO_UPDATE}"
 )
 # A mutex is taken and fenced in one round trip: the row is written only if GET_LOCK says 1
-# (one row FROM DUAL: the condition runs once), so no row changed means busy.
+# (one row FROM DUAL: the condition runs once), so no row changed means busy (or, for a wait,
+# not granted within the slice).
 _TAKE_AND_BUMP: Final = (
     "INSERT INTO {table} (lock_key, lock_name, token, touched, namespace, name, holder, "
     "holder_connection) SELECT X'{key}', '{label}', "
     f"LAST_INSERT_ID({_SEED}), UTC_TIMESTAMP(6), {_WHO_INSERT} FROM DUAL "
-    "WHERE GET_LOCK('{target}', 0) = 1 ON DUPLICATE KEY UPDATE "
+    "WHERE GET_LOCK('{target}', {wait}) = 1 ON DUPLICATE KEY UPDATE "
     f"token = LAST_INSERT_ID(token + 1), {_RETOUCH}, {_WHO_UPDATE}"
 )
 # A semaphore's bump also records its limit on first use (a row without one).
@@ -212,9 +218,13 @@ def _check_int(value: object, *, argument: str, minimum: int) -> int:
 class _Acquisition:
     """One acquisition (one owner): its connection, and what that session holds."""
 
-    __slots__ = ("conn", "dropped", "event", "granted", "held", "lost", "start_slot", "waits")
+    __slots__ = (
+        "claim", "conn", "dropped", "event", "granted", "held", "lost", "owner", "start_slot",
+        "ttl", "waits",
+    )
 
     def __init__(self, owner: str) -> None:
+        self.owner = owner
         self.conn: Conn | None = None
         self.dropped = False
         """We closed the holding connection ourselves (a keep-alive was cancelled)."""
@@ -224,6 +234,10 @@ class _Acquisition:
         """Reported to the core as a Grant (with a fencing token)."""
         self.lost = False
         """The lock is known gone (keep-alive refused, connection dropped)."""
+        self.claim: Grant | None = None
+        """A grant made inside a wait, token included, for the next attempt to report."""
+        self.ttl: float | None = None
+        """The lease asked for by the acquisition's attempts (its waits fence with it)."""
         self.event: asyncio.Event | None = None
         self.start_slot = zlib.crc32(owner.encode())
         self.waits = 0
@@ -455,6 +469,7 @@ class MySQLBackend:
             acq = self._acqs[ident] = _Acquisition(owner)
         elif acq.granted:
             raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
+        acq.ttl = ttl
         try:
             if acq.held is None:
                 if acq.conn is not None and acq.conn.closed:
@@ -483,6 +498,9 @@ class MySQLBackend:
                     return Busy(None)
             # The session holds the lock now (just taken, or granted inside a wait).
             assert acq.conn is not None
+            if acq.claim is not None:  # granted and fenced by the wait's own statement
+                claim, acq.claim = acq.claim, None
+                return self._granted(acq, claim.fencing_token, claim.sent)
             token = await self._bump_fence(spec, acq.conn, ttl, owner)
             in_use = None
             if spec.kind is Kind.SEMAPHORE:
@@ -505,14 +523,14 @@ class MySQLBackend:
         return self._granted(acq, token)
 
     @staticmethod
-    def _granted(acq: _Acquisition, token: int) -> Grant:
+    def _granted(acq: _Acquisition, token: int, sent: float | None = None) -> Grant:
         """The acquisition's session holds the lock and has its token: watch for its loss."""
         assert acq.conn is not None
         acq.granted = True
         acq.event = acq.conn.lease_event = asyncio.Event()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
             acq.event.set()
-        return Grant(token)
+        return Grant(token, sent)
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """``RELEASE_LOCK`` on the holding connection, which then rejoins the idle list."""
@@ -628,7 +646,7 @@ class MySQLBackend:
 
         The lock's fencing token, or None when the lock is busy (nothing was written).
         """
-        sql = self._fence_sql(_TAKE_AND_BUMP, spec, owner, target=target)
+        sql = self._fence_sql(_TAKE_AND_BUMP, spec, owner, target=target, wait="0")
         changed, token = await self._fence_query(conn, sql, ttl)
         if not changed:
             return None
@@ -657,25 +675,29 @@ class MySQLBackend:
             **extra,
         )
 
-    async def _fence_query(self, conn: Conn, sql: str, ttl: float) -> tuple[int, int]:
+    async def _fence_query(
+        self, conn: Conn, sql: str, ttl: float, *, timeout: float | None = None
+    ) -> tuple[int, int]:
         """Run a fencing statement (rows changed, insert id) on a session whose
         ``wait_timeout`` suits ``ttl``; create or upgrade the table if it needs it.
 
         A missing table or column fails the statement before it runs, GET_LOCK included.
+        ``timeout`` bounds the statement (default: the query timeout; a wait's is longer).
         """
+        bound = self._query_timeout if timeout is None else timeout
         wanted = _wait_timeout(ttl)
         if conn.wait_timeout != wanted:
             await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
             conn.wait_timeout = wanted
         try:
             result = await conn.write(
-                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
+                sql, timeout=bound, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
             )
         except DRIVER_ERRORS as exc:
             if error_code(exc) not in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD):
                 raise
             await self._upgrade_fence_table(conn, error_code(exc))
-            result = await conn.write(sql, timeout=self._query_timeout)
+            result = await conn.write(sql, timeout=bound)
         self._maybe_sweep()
         return result
 
@@ -804,6 +826,10 @@ class MySQLBackend:
         else:
             target = lock_name(ns, family, spec.name)
         acq.waits += 1
+        if self._fenced_wait(spec, acq, slice_):
+            assert acq.ttl is not None
+            await self._wait_fenced(spec, acq, conn, target, min(slice_, acq.ttl / 3))
+            return
         cut_short = False
         if self.fractional_timeouts:
             sql = f"SELECT GET_LOCK('{target}', {slice_:.6f})"
@@ -833,6 +859,44 @@ class MySQLBackend:
             self._discard(conn)
             raise BackendError(f"{self._where}: GET_LOCK of {spec.name!r} failed (session killed?)")
 
+    def _fenced_wait(self, spec: LockSpec, acq: _Acquisition, slice_: float) -> bool:
+        """Whether this wait can be the fencing statement: a mutex whose lease is known, on a
+        server that waits the slice it is given (MySQL waits whole seconds: a slice capped
+        below one, see :meth:`_wait_fenced`, is left to the plain wait)."""
+        if spec.kind is not Kind.MUTEX or acq.ttl is None:
+            return False
+        return self.fractional_timeouts or min(slice_, acq.ttl / 3) >= 1
+
+    async def _wait_fenced(
+        self, spec: LockSpec, acq: _Acquisition, conn: Conn, target: str, slice_: float
+    ) -> None:
+        """One wait that takes the lock and its fencing token in one statement
+        (``_TAKE_AND_BUMP`` with ``GET_LOCK(target, slice)``); a grant is kept in
+        ``acq.claim`` for the next attempt.
+
+        The lease of such a grant is timed from the moment the statement was sent: the server
+        starts the session's idle clock (``wait_timeout``) later, when the statement ends, so
+        the client never counts on more than the server keeps. Slices of at most ttl/3 leave
+        such a grant at least two thirds of its lease.
+        """
+        assert acq.ttl is not None
+        wait = f"{slice_:.6f}" if self.fractional_timeouts else str(int(slice_))
+        sql = self._fence_sql(_TAKE_AND_BUMP, spec, acq.owner, target=target, wait=wait)
+        sent = asyncio.get_running_loop().time()
+        try:
+            changed, token = await self._fence_query(
+                conn, sql, acq.ttl, timeout=slice_ + self._query_timeout
+            )
+        except BaseException as exc:
+            acq.conn = None
+            self._discard(conn)
+            self._raise_translated(exc, f"wait for {spec.name!r}")
+        if changed:
+            if token < 1:
+                raise BackendError(f"{self._where}: the fencing bump returned no token")
+            acq.held = target
+            acq.claim = Grant(token, sent)
+
     async def _release_on(self, conn: Conn, held: str) -> bool:
         """RELEASE_LOCK on ``conn``; keep the connection only if it now holds nothing."""
         try:
@@ -854,7 +918,7 @@ class MySQLBackend:
     async def _retire(self, acq: _Acquisition) -> None:
         """A waiter leaves without a grant: free what its session holds, keep nothing."""
         conn, held = acq.conn, acq.held
-        acq.conn = acq.held = None
+        acq.conn = acq.held = acq.claim = None
         if conn is None:
             return
         if held is None:
@@ -873,7 +937,7 @@ class MySQLBackend:
 
     def _scrap(self, acq: _Acquisition) -> None:
         """Close the acquisition's connection: whatever its session held is freed."""
-        conn, acq.conn, acq.held = acq.conn, None, None
+        conn, acq.conn, acq.held, acq.claim = acq.conn, None, None, None
         if conn is not None:
             conn.lease_event = None
             self._discard(conn)
