@@ -133,6 +133,11 @@ async def _has(raw: aioredis.Redis, namespace: str, name: str, count: int) -> bo
     return len(await _registered(raw, namespace, name)) == count
 
 
+def _waits_here(locks: aiodlock.LockClient, count: int) -> bool:
+    """``count`` tasks of ``locks`` wait for a wakeup (armed on its pub/sub hub)."""
+    return bool(locks.statistics().backend["waiters"] == count)
+
+
 async def test_a_registered_client_that_is_gone_does_not_swallow_the_release(
     redis_url: str, raw: aioredis.Redis
 ) -> None:
@@ -197,7 +202,7 @@ async def test_a_release_hands_the_lock_to_a_waiter_of_its_own_client(
     async with aiodlock.connect(redis_url, namespace="handoff") as locks:
         first = await locks.lock("k", ttl=30).acquire()
         second = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
-        await eventually(partial(_has, raw, "handoff", "k", 1))
+        await wait_until(partial(_waits_here, locks, 1))  # refused by its own client
         published = await _publishes(raw)
         await first.release()
         lease = await second
@@ -208,11 +213,44 @@ async def test_a_release_hands_the_lock_to_a_waiter_of_its_own_client(
         assert await raw.get("{handoff:k}") is None
 
 
+async def _scripts(raw: aioredis.Redis) -> int:
+    stats = await raw.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+
+
+async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """While a task of a client holds a mutex, the attempt of the task whose turn is next
+    (and its re-check after arming) is refused by the client itself, once its channel for the
+    lock is live: the server runs nothing for it until the release hands it the lock."""
+    async with aiodlock.connect(redis_url, namespace="heldhere") as locks:
+        first = await locks.lock("k", ttl=30).acquire()
+        second = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
+        await wait_until(partial(_waits_here, locks, 1))  # asked the server: not subscribed yet
+        third = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
+        await wait_until(lambda: locks.statistics().backend["subscribed_channels"] == 1)
+        before = await _scripts(raw)
+        await first.release()  # hands the lock to the second; the third's turn comes
+        lease = await second
+        await wait_until(partial(_waits_here, locks, 1))  # the third is armed
+        assert await _scripts(raw) == before + 1  # the handoff: nothing for the third
+        await lease.release()
+        last = await third
+        assert await _scripts(raw) == before + 2
+        assert first.fencing_token < lease.fencing_token < last.fencing_token
+        await last.release()
+        assert await raw.get("{heldhere:k}") is None
+
+
 async def test_a_handoff_yields_to_a_client_that_waited_longer(
     redis_url: str, raw: aioredis.Redis
 ) -> None:
     """A client's own waiter does not jump the line: when another client registered first,
-    the release wakes that client, and the local waiter's turn comes after it."""
+    the release wakes that client, and the local waiter's turn comes after it. The local
+    waiter was refused by its own client (nothing registered it): the release registers its
+    client as it yields, so the other client's release wakes it, long before the holder's
+    30 s lease would have ended its wait."""
     order: list[str] = []
     async with (
         aiodlock.connect(redis_url, namespace="nojump") as x,
@@ -227,10 +265,49 @@ async def test_a_handoff_yields_to_a_client_that_waited_longer(
         other = asyncio.create_task(take("y", y))
         await eventually(partial(_has, raw, "nojump", "k", 1))
         local = asyncio.create_task(take("x", x))
-        await eventually(partial(_has, raw, "nojump", "k", 2))
+        await wait_until(partial(_waits_here, x, 1))  # refused by x itself: not registered
         await holder.release()
         await asyncio.gather(other, local)
     assert order == ["y", "x"]
+
+
+async def test_a_release_that_yields_registers_a_waiter_its_client_refused(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """x's second task is refused by x itself while x's first task holds (nothing registers
+    x); y registered meanwhile. The release yields to y and registers x in the same script,
+    so y's release wakes x: the second task gets the lock long before the holder's 30 s
+    lease would have ended its wait."""
+    order: list[str] = []
+    entered: dict[str, float] = {}
+    go = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def take(who: str, locks: aiodlock.LockClient) -> None:
+        async with locks.lock("k", ttl=30, timeout=10):
+            order.append(who)
+            entered[who] = loop.time()
+            await go.wait()
+
+    async with (
+        aiodlock.connect(redis_url, namespace="yieldreg", burst=0) as x,
+        aiodlock.connect(redis_url, namespace="yieldreg", burst=0) as y,
+    ):
+        first = await y.lock("k", ttl=30).acquire()
+        x1 = asyncio.create_task(take("x1", x))
+        await eventually(partial(_has, raw, "yieldreg", "k", 1))  # x waits: its channel is live
+        await first.release()
+        await wait_until(lambda: order == ["x1"])
+        x2 = asyncio.create_task(take("x2", x))
+        await wait_until(partial(_waits_here, x, 1))  # refused by x itself, and armed
+        other = asyncio.create_task(take("y", y))
+        await eventually(partial(_has, raw, "yieldreg", "k", 1))  # only y is registered
+        go.set()
+        went = loop.time()
+        await asyncio.gather(x1, x2, other)
+    assert order == ["x1", "y", "x2"]
+    # Woken by y's release, not let in by the last attempt its 10 s timeout makes.
+    assert entered["x2"] - went < 5
 
 
 async def test_a_lock_handed_to_a_waiter_that_left_is_given_back(
@@ -241,7 +318,7 @@ async def test_a_lock_handed_to_a_waiter_that_left_is_given_back(
     async with aiodlock.connect(redis_url, namespace="giveback") as locks:
         holder = await locks.lock("k", ttl=30).acquire()
         waiting = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
-        await eventually(partial(_has, raw, "giveback", "k", 1))
+        await wait_until(partial(_waits_here, locks, 1))  # refused by its own client
         waiting.cancel()  # takes effect once the release below is on its way
         await holder.release()
         with pytest.raises(asyncio.CancelledError):
@@ -262,7 +339,7 @@ async def test_a_release_cancelled_during_a_handoff_leaves_the_lock_to_its_taker
     async with aiodlock.connect(redis_url, namespace="cutoff") as locks:
         holder = await locks.lock("k", ttl=30).acquire()
         waiting = asyncio.create_task(locks.lock("k", ttl=30).acquire(timeout=20))
-        await eventually(partial(_has, raw, "cutoff", "k", 1))
+        await wait_until(partial(_waits_here, locks, 1))  # refused by its own client
         releasing = asyncio.create_task(holder.release())
         for _ in range(steps):
             await asyncio.sleep(0)
@@ -610,8 +687,9 @@ async def test_a_client_keeps_the_lock_for_its_run_then_lets_the_woken_client_in
     async with (
         aiodlock.connect(redis_url, namespace=space, burst=burst) as a,
         aiodlock.connect(redis_url, namespace=space, burst=burst) as b,
+        aiodlock.connect(redis_url, namespace=space, burst=burst) as c,
     ):
-        holder = await b.lock("k", ttl=30).acquire()
+        holder = await c.lock("k", ttl=30).acquire()
 
         async def take(who: str, locks: aiodlock.LockClient, then: asyncio.Event) -> None:
             async with locks.lock("k", ttl=30, timeout=20):

@@ -243,6 +243,10 @@ class RedisBackend:
         self._armed: dict[str, int] = {}
         self._refused_ms: dict[str, int] = {}
         self._handed: dict[str, Grant] = {}
+        # Mutexes a task of this client holds (pub/sub mode, with local handoffs): lock key ->
+        # (owner, loop time its lease ends by, as last granted or renewed). Another task's
+        # attempt meanwhile is refused here, without a round trip (see _mutex_attempt).
+        self._holding: dict[bytes, tuple[str, float]] = {}
         # Registries this client is being taken off (see _deregister), until that lands.
         self._deregistering: dict[bytes, asyncio.Future[Any]] = {}
 
@@ -411,20 +415,28 @@ class RedisBackend:
     async def _mutex_attempt(self, keys: Keys, owner: str, ms: int) -> Grant | Busy:
         # Pub/sub mode. A refusal registers this client among the lock's waiting clients
         # when its channel for the lock is live as the attempt is sent (_mutex_send); then
-        # the re-check after arming is answered here (see _Rechecks).
+        # the re-check after arming is answered here (see _Rechecks). While another task of
+        # this client holds the lock, the attempt is refused here, unsent (_held_here).
         rechecks = self._rechecks
         handed = self._handed.pop(owner, None)
         if handed is not None:
             self._armed.pop(owner, None)
             rechecks.drop(owner)
+            if handed.sent is not None:
+                self._hold(keys, owner, handed.sent, ms)
             return handed
         answer = rechecks.answer(owner)
         if answer is not None:
             return answer
         channel = keys.client_signal(self._client)
+        busy = self._held_here(keys, owner, channel)
+        if busy is not None:
+            self._refused(channel, owner, ms, registered=False)
+            return busy
         leaving = self._deregistering.get(keys.clients)
         if leaving is not None:
             await asyncio.wait((leaving,))  # a registration must not be overtaken by it
+        sent = asyncio.get_running_loop().time()
         try:
             reply = await self._source.call(self._mutex_send, keys, channel, owner, ms)
         except BaseException:
@@ -433,17 +445,48 @@ class RedisBackend:
         if reply[0] == 1:
             self._unexpect(channel, owner)
             self._armed.pop(owner, None)
+            self._hold(keys, owner, sent, ms)
             return Grant(reply[1])
         busy = _busy(reply[1])
+        self._refused(channel, owner, ms, registered=rechecks.refused(owner, busy))
+        return busy
+
+    def _held_here(self, keys: Keys, owner: str, channel: bytes) -> Busy | None:
+        """The refusal of ``owner``'s attempt if another task of this client holds the mutex
+        (and its lease has not run out): nothing to ask the server. Its release hands the lock
+        to the longest-waiting armed task of ours, or, if another client registered first,
+        wakes that one and registers this client (MUTEX_HANDOFF), so a waiter refused here
+        is never left unregistered. Only while this client's channel for the lock is live,
+        so the waiter is armed on it at once."""
+        hub = self._hub
+        holding = self._holding.get(keys.mutex)
+        if holding is None or holding[0] == owner or hub is None:
+            return None
+        left = holding[1] - asyncio.get_running_loop().time()
+        if left <= 0:
+            del self._holding[keys.mutex]  # abandoned, or not renewed: ask the server
+            return None
+        if not hub.subscription(channel):
+            return None
+        return _busy(int(left * 1000))
+
+    def _hold(self, keys: Keys, owner: str, sent: float, ms: int) -> None:
+        if self._handoffs:
+            self._holding[keys.mutex] = (owner, sent + ms / 1000)
+
+    def _unhold(self, keys: Keys, owner: str) -> None:
+        holding = self._holding.get(keys.mutex)
+        if holding is not None and holding[0] == owner:
+            del self._holding[keys.mutex]
+
+    def _refused(self, channel: bytes, owner: str, ms: int, *, registered: bool) -> None:
         # The core arms the waiter in this very loop step (see _joined); an attempt that is
         # not followed by a wait (a single try) stops being expected with the step.
         if owner in self._armed:
             self._armed[owner] = ms  # a re-check: its waiter is armed already
         else:
             self._refused_ms[owner] = ms
-        registered = rechecks.refused(owner, busy)
         asyncio.get_running_loop().call_soon(self._refusal_ends, channel, owner, registered)
-        return busy
 
     def _refusal_ends(self, channel: bytes, owner: str, registered: bool) -> None:
         self._refused_ms.pop(owner, None)
@@ -547,6 +590,11 @@ class RedisBackend:
             hub.wake(channel, taker)  # it re-checks
             return
         answer = reply.result()
+        if answer[0] == 0:
+            # Not the owner any more (its lease ran out, or the lock was broken): no release
+            # wakes the taker, which may have been refused here, unregistered.
+            hub.wake(channel, taker)
+            return
         if answer[0] != 2:
             return
         if taker in self._armed:
@@ -689,6 +737,7 @@ class RedisBackend:
                         attempts.stay(owner)  # the outcome is unknown: a retry must be sent
                         raise
                 else:
+                    self._unhold(keys, owner)
                     taker = self._taker(keys)
                     if taker is not None:
                         return await self._hand_over(keys, taker[0], owner, taker[1], taker[2])
@@ -730,7 +779,11 @@ class RedisBackend:
         call = self._source.call_first  # a renewal that queues behind attempts risks the lease
         with self._errors["renew"]:
             if kind is Kind.MUTEX:
+                sent = asyncio.get_running_loop().time()
                 done = await call(lua.run, lua.MUTEX_RENEW, (keys.mutex,), owner, ms)
+                holding = self._holding.get(keys.mutex)
+                if done == 1 and holding is not None and holding[0] == owner:
+                    self._holding[keys.mutex] = (owner, sent + ms / 1000)
             elif kind is Kind.WRITE:
                 done = await call(lua.run, lua.MUTEX_RENEW, (keys.writer,), owner, ms)
             elif kind is Kind.READ:

@@ -384,6 +384,7 @@ return 0
 MUTEX_HANDOFF: Final = Script(
     _WAKE_CLIENT
     + _NEXT_TOKEN
+    + _REGISTER
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal, KEYS[6] run
 -- ARGV[1] taker (a waiter of this client), ARGV[2] owner, ARGV[3] taker's lease ms,
@@ -394,7 +395,9 @@ MUTEX_HANDOFF: Final = Script(
 -- same step: one round trip where a release, its wakeup and the waiter's attempt would be
 -- three. Only within this client's run (T:run, see MUTEX_ACQUIRE) or while no other
 -- client waits longer (registered ahead of this one): those are woken as by MUTEX_RELEASE,
--- and this client stays out for the courtesy.
+-- and this client stays out for the courtesy. It is registered then (NX: a place it has is
+-- kept): its waiting task may have been refused by the client itself while it held the lock,
+-- with nothing sent, so a release of the client woken now must wake this one.
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return {0}
 end
@@ -402,6 +405,7 @@ local in_run = redis.call('GET', KEYS[6]) == ARGV[4]
 if not in_run and wake_client(KEYS[4], KEYS[5], ARGV[5], false, ARGV[4], false) then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
+  register(KEYS[4], ARGV[4], KEYS[1])
   return {1}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
