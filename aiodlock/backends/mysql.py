@@ -27,8 +27,7 @@ costs the release and that one reply, not a second round trip for the token. A w
 cancelled mid-query has its connection closed by aiomysql, and a background janitor
 ``KILL``\\s that session so the server stops waiting for it at once (otherwise MariaDB notices
 the disconnect within about a second); a waiter that leaves while holding an unclaimed grant
-releases it first. No orphan lock survives a cancellation at
-any await point.
+releases it first. No orphan lock survives a cancellation at any await point.
 
 **Names** (see :mod:`._mysql_names`): ``namespace:family:name`` verbatim when it is at most 64
 lowercase-safe characters, otherwise a readable prefix plus 200 bits of SHA-256 — every name
@@ -892,9 +891,9 @@ class MySQLBackend:
             self._discard(conn)
             self._raise_translated(exc, f"wait for {spec.name!r}")
         if changed:
+            acq.held = target  # so that leaving without a claim releases it
             if token < 1:
                 raise BackendError(f"{self._where}: the fencing bump returned no token")
-            acq.held = target
             acq.claim = Grant(token, sent)
 
     async def _release_on(self, conn: Conn, held: str) -> bool:
