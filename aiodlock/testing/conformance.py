@@ -772,12 +772,13 @@ async def test_acquired_reentrant_lease_is_reentered_by_async_with(
 ) -> None:
     """A lease taken with ``acquire()`` is re-entered by ``async with`` in the same task (it
     once timed out: the lease was invisible to reentrancy), and outlives the inner block."""
-    lease = await locks.lock("job", reentrant=True, ttl=0.3).acquire()
+    # Renewed every 0.2 s, it outlives a renewal up to 0.4 s late (a loaded machine).
+    lease = await locks.lock("job", reentrant=True, ttl=0.6).acquire()
     async with locks.lock("job", reentrant=True, timeout=1) as inner:
         assert inner is lease
         assert inner.fencing_token == lease.fencing_token
         assert await other.lock("job").try_acquire() is None
-    await asyncio.sleep(0.5)  # past the ttl: still renewed by its one keep-alive
+    await asyncio.sleep(0.8)  # past the ttl: still renewed by its one keep-alive
     assert lease.held and not lease.lost.is_set()
     assert await other.lock("job").try_acquire() is None
     await lease.release()
