@@ -196,6 +196,9 @@ class Supervisor:
         try:
             async with asyncio.timeout(RELEASE_TIMEOUT):
                 await self._backend.release(spec, owner)
+        except TimeoutError as exc:
+            silent = TimeoutError(f"no answer within {RELEASE_TIMEOUT:g} s")  # ours says nothing
+            self.failed(f"background release of {spec.describe()}", exc if str(exc) else silent)
         except Exception as exc:
             self.failed(f"background release of {spec.describe()}", exc)
         else:

@@ -380,8 +380,9 @@ def random_order_id() -> int:
 async def uvicorn_workers(
     url: str, workers: int, app: str = "examples.fastapi_app:app", ready: str = "/orders/0"
 ) -> AsyncIterator[str]:
-    """``uvicorn APP --workers N`` on a free port: its base URL, once ``GET ready`` answers
-    200; stopped (and its workers with it) on exit."""
+    """``uvicorn APP --workers N`` on a free port: its base URL, once every worker has
+    answered ``GET ready`` with 200 (its JSON names the worker's pid); stopped (and its
+    workers with it) on exit."""
     port = free_port()
     command = ["-m", "uvicorn", app, "--port", str(port)]
     server = await asyncio.create_subprocess_exec(
@@ -396,13 +397,8 @@ async def uvicorn_workers(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=base) as client, asyncio.timeout(TIMEOUT):
-            while server.returncode is None:
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get(ready)).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
-        assert server.returncode is None, "uvicorn exited before it served"
+        async with asyncio.timeout(TIMEOUT):
+            await every_worker_answers(base, ready, workers, server)
         yield base
     finally:
         if server.returncode is None:
@@ -410,6 +406,27 @@ async def uvicorn_workers(
         _, err = await asyncio.wait_for(server.communicate(), TIMEOUT)
         if server.returncode not in (0, -15):
             pytest.fail(f"uvicorn exited with {server.returncode}:\n{err.decode()[-2000:]}")
+
+
+async def every_worker_answers(
+    base: str, path: str, workers: int, server: asyncio.subprocess.Process | None = None
+) -> list[dict[str, Any]]:
+    """``GET path`` on a new connection each time (the workers take turns accepting) until
+    ``workers`` distinct worker pids have answered 200; the answers. A worker still starting
+    answers nothing yet: the caller bounds the time."""
+    answers: list[dict[str, Any]] = []
+    while len({answer["worker"] for answer in answers}) < workers:
+        assert server is None or server.returncode is None, "uvicorn exited before it served"
+        async with httpx.AsyncClient(base_url=base) as client:
+            try:
+                response = await client.get(path)
+            except httpx.TransportError:
+                response = None
+        if response is not None and response.status_code == 200:
+            answers.append(response.json())
+        else:
+            await asyncio.sleep(0.1)
+    return answers
 
 
 @pytest.mark.redis
@@ -423,11 +440,8 @@ async def test_fastapi_app_is_exact_under_two_workers(redis_url: str) -> None:
             posts = await asyncio.gather(*(client.post(f"{order}/items") for _ in range(50)))
         assert [p.status_code for p in posts] == [200] * 50
         assert sorted(p.json()["items"] for p in posts) == list(range(1, 51))
-        reads = []
-        for _ in range(40):  # a new connection each: the workers take turns accepting
-            async with httpx.AsyncClient(base_url=base) as client:
-                reads.append((await client.get(order)).json())
-    assert len({read["worker"] for read in reads}) == 2, "one worker answered every GET"
+        async with asyncio.timeout(TIMEOUT):
+            reads = await every_worker_answers(base, order, 2)
     assert {(r["items"], r["fencing_token"]) for r in reads} == {
         (50, max(p.json()["fencing_token"] for p in posts))
     }

@@ -218,15 +218,13 @@ class _Acquisition:
     """One acquisition (one owner): its connection, and what that session holds."""
 
     __slots__ = (
-        "claim", "conn", "dropped", "event", "granted", "held", "lost", "owner", "start_slot",
+        "claim", "conn", "event", "granted", "held", "lost", "owner", "start_slot",
         "ttl", "waits",
     )
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self.conn: Conn | None = None
-        self.dropped = False
-        """We closed the holding connection ourselves (a keep-alive was cancelled)."""
         self.held: str | None = None
         """The user-lock name the session holds (a semaphore's slot), or None."""
         self.granted = False
@@ -538,22 +536,26 @@ class MySQLBackend:
             return False
         conn = acq.conn
         if conn is None:
-            # Dropped by our own cancelled keep-alive: the session, and the lock, ended.
-            return acq.granted and acq.dropped and not acq.lost
-        async with conn.io:  # let a keep-alive in flight finish (or be cancelled) first
+            return False
+        async with conn.io:  # let a keep-alive in flight finish first
             acq.conn = None
             conn.lease_event = None
             if conn.closed:
                 self._discard(conn)
-                # Closed by our own cancelled keep-alive: the session ended, the lock with it.
-                return acq.granted and not acq.lost and not conn.peer_closed
+                return False  # the session ended, and the lock with it
             if acq.held is None:
                 self._checkin(conn)
                 return False
             return await self._release_on(conn, acq.held)
 
     async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
-        """``IS_USED_LOCK(name) = CONNECTION_ID()`` on the holding connection."""
+        """``IS_USED_LOCK(name) = CONNECTION_ID()`` on the holding connection.
+
+        A keep-alive cancelled midway (its lease is being released) must not close the
+        session: the server would free the lock some time after ``release()`` returned, and a
+        contender trying right after would still find it taken. So the statement finishes in
+        our task group (bounded by ``query_timeout``) and the release waits for it.
+        """
         acq = self._acqs.get(_ident(spec, owner))
         if acq is None or not acq.granted or acq.lost or acq.held is None:
             return False
@@ -561,24 +563,37 @@ class MySQLBackend:
         if conn is None or conn.closed:
             self._lose(acq)
             return False
+        confirm = self._confirm(acq, conn, ttl)
+        if self._tg is None or self._state != "open":
+            return await confirm
+        return await asyncio.shield(
+            self._tg.create_task(confirm, name="aiodlock-mysql-keepalive")
+        )
+
+    async def _confirm(self, acq: _Acquisition, conn: Conn, ttl: float) -> bool:
+        """The keep-alive's statements; a failure loses the lease (its session is closed)."""
         async with conn.io:
             try:
+                held = acq.held
+                if acq.conn is not conn or held is None:
+                    return False  # released while we waited for the connection
                 ours = await conn.value(
-                    f"SELECT IS_USED_LOCK('{acq.held}') = CONNECTION_ID()", timeout=None
+                    f"SELECT IS_USED_LOCK('{held}') = CONNECTION_ID()",
+                    timeout=self._query_timeout,
                 )
                 wanted = _wait_timeout(ttl)
                 if ours == 1 and conn.wait_timeout != wanted:
-                    await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=None)
+                    await conn.query(
+                        f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout
+                    )
                     conn.wait_timeout = wanted
-            except DRIVER_ERRORS:
-                # The connection is gone, and the lock went with the session.
+            except DRIVER_ERRORS:  # TimeoutError among them
+                # The connection is closed (by the server, or by us on a timeout), and the
+                # lock went with the session.
                 self._lose(acq)
                 return False
-            except BaseException:
-                # Cancelled (lease released, or the watchdog's deadline): aiomysql closed the
-                # connection, which ends the session and frees the lock.
-                acq.dropped = True
-                self._scrap(acq)
+            except asyncio.CancelledError:
+                self._lose(acq)  # the client is closing: the closed session frees the lock
                 raise
         if ours != 1:
             self._lose(acq)

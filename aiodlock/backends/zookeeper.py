@@ -748,6 +748,11 @@ class ZooKeeperBackend:
         entry = self._entries.get(key) or self._doomed.get(key)
         if entry is None:
             return False
+        if entry.held and entry.lost is None and self._silent_past_grace():
+            # The core's session deadline and our grace watch fall due in the same instant:
+            # when the core's runs first, the lease is lost all the same (and a request on
+            # the silent connection would only wait out its timeout).
+            self._mark_lost(entry, self._silence_reason())
         if entry.lost is not None:
             # Lost: nobody waits for us to confirm, and the connection that lost it may be
             # silent. The janitor deletes the node (or the session ends with it).
@@ -1390,12 +1395,22 @@ class ZooKeeperBackend:
                 continue
             held = [e for e in self._entries.values() if e.held and e.lost is None]
             for entry in held:
-                self._mark_lost(
-                    entry,
-                    f"no answer from zookeeper for {self._grace:.3g} s "
-                    "(the session may expire before we hear from it again)",
-                )
+                self._mark_lost(entry, self._silence_reason())
             await transport.contact_changed.wait()
+
+    def _silent_past_grace(self) -> bool:
+        """Whether nothing was answered for ``suspended_grace``: held leases are lost."""
+        transport = self._transport
+        return (
+            transport is not None
+            and transport.contact + self._grace <= asyncio.get_running_loop().time()
+        )
+
+    def _silence_reason(self) -> str:
+        return (
+            f"no answer from zookeeper for {self._grace:.3g} s "
+            "(the session may expire before we hear from it again)"
+        )
 
 
 async def _never_fail(coro: Coroutine[Any, Any, None], name: str) -> None:
