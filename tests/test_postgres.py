@@ -307,6 +307,29 @@ async def test_idle_connections_never_hold_a_lock(
         assert backend_of(a).statistics()["held"] == backend_of(b).statistics()["held"] == 0
 
 
+async def test_release_while_a_keep_alive_is_in_flight(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """A release that meets a keep-alive mid-statement waits for it, then unlocks on the
+    server: the lock is free when release() returns (a keep-alive cancelled by closing its
+    session left the server to free the lock a moment later, after release() returned)."""
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        for i in range(200):
+            lease = await a.lock("busy", ttl=0.03).acquire()  # a keep-alive every 10 ms
+            await asyncio.sleep(0.001 * (i % 13))
+            try:
+                await lease.release()
+            except aiodlock.LockNotOwnedError:
+                assert lease.lost.is_set()  # only a lease really lost (a stalled loop) may say so
+                again = await b.lock("busy").acquire(timeout=2)
+            else:
+                taken = await b.lock("busy").try_acquire()
+                assert taken is not None, f"still taken right after release #{i}"
+                again = taken
+            await again.release()
+    assert await probe.leftovers(ns) == []
+
+
 async def test_max_connections_bounds_the_client(postgres_url: str, ns: str) -> None:
     async with connect(postgres_url, ns, max_connections=2, connect_timeout=0.3) as c:
         first = await c.lock("a").acquire()

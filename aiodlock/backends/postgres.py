@@ -279,12 +279,10 @@ class _Held:
 class _Acquisition:
     """One acquisition (one owner): its connection, and what that session holds."""
 
-    __slots__ = ("conn", "dropped", "event", "granted", "held", "lost", "start_slot", "waits")
+    __slots__ = ("conn", "event", "granted", "held", "lost", "start_slot", "waits")
 
     def __init__(self, owner: str) -> None:
         self.conn: Conn | None = None
-        self.dropped = False
-        """We closed the holding connection ourselves (a keep-alive was cancelled)."""
         self.held: _Held | None = None
         """The key the session holds (a semaphore's slot), or None."""
         self.granted = False
@@ -595,9 +593,8 @@ class PostgresBackend:
             return False
         conn = acq.conn
         if conn is None:
-            # Dropped by our own cancelled keep-alive: the session, and the lock, ended.
-            return acq.granted and acq.dropped and not acq.lost
-        async with conn.io:  # let a keep-alive in flight finish (or be cancelled) first
+            return False
+        async with conn.io:  # let a keep-alive in flight finish first
             acq.conn = None
             conn.lease_event = None
             if conn.closed:
@@ -610,7 +607,13 @@ class PostgresBackend:
 
     async def renew(self, spec: LockSpec, owner: str, ttl: float) -> bool:
         """Ask ``pg_locks`` whether our backend pid still holds the key (and keep the
-        session's ``idle_session_timeout`` at the ttl)."""
+        session's ``idle_session_timeout`` at the ttl).
+
+        A keep-alive cancelled midway (its lease is being released) must not close the
+        session: the server would free the lock some time after ``release()`` returned, and a
+        contender trying right after would still find it taken. So the statement finishes in
+        our task group (bounded by ``query_timeout``) and the release waits for it.
+        """
         acq = self._acqs.get(_ident(spec, owner))
         if acq is None or not acq.granted or acq.lost or acq.held is None:
             return False
@@ -618,21 +621,34 @@ class PostgresBackend:
         if conn is None or conn.closed:
             self._lose(acq)
             return False
-        classid, objid = split_key(acq.held.key)
-        wanted = _session_timeout_ms(ttl)
+        confirm = self._confirm(acq, conn, ttl)
+        if self._tg is None or self._state != "open":
+            return await confirm
+        return await asyncio.shield(
+            self._tg.create_task(confirm, name="aiodlock-postgres-keepalive")
+        )
+
+    async def _confirm(self, acq: _Acquisition, conn: Conn, ttl: float) -> bool:
+        """The keep-alive's statement; a failure loses the lease."""
         async with conn.io:
+            held = acq.held
+            if acq.conn is not conn or held is None:
+                return False  # released while we waited for the connection
+            classid, objid = split_key(held.key)
+            wanted = _session_timeout_ms(ttl)
             try:
                 row = await conn.fetchrow(
                     _KEEP_ALIVE, classid, objid, str(wanted), timeout=self._query_timeout
                 )
-            except DRIVER_ERRORS:
-                # The connection is gone, and the lock went with the session.
+            except DRIVER_ERRORS:  # TimeoutError among them
+                # The connection is gone (and the lock went with the session), or the
+                # server did not answer in time: the lease cannot be confirmed.
                 self._lose(acq)
                 return False
-            except BaseException:
-                # Cancelled (lease released, or the watchdog's deadline): close the session,
-                # which frees the lock, rather than wait for asyncpg's cancel to be answered.
-                acq.dropped = True
+            except asyncio.CancelledError:
+                # The client is closing: close the session, which frees the lock, rather
+                # than wait for asyncpg's cancel to be answered.
+                self._lose(acq)
                 self._scrap(acq, close=True)
                 raise
         if not row or row[0] is not True:
