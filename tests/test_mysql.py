@@ -378,6 +378,41 @@ async def test_a_grant_inside_a_wait_comes_with_its_token(
     assert await probe.leftovers(ns) == []
 
 
+async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """While a task of a client holds a mutex, its session has the lock: the attempts of the
+    client's other tasks are refused by the client itself, unsent, and a waiting task's only
+    statement is its (fenced) wait, granted the moment the holder releases. A holder whose
+    session the server ended refuses nobody: its sibling gets the lock."""
+    async with connect(mysql_url, ns) as a:
+        holder = await a.lock("own").acquire()
+        inserts = await _inserts(probe)
+        assert await a.lock("own").try_acquire() is None
+        assert await _inserts(probe) == inserts  # refused without a statement
+        waiting = asyncio.create_task(a.lock("own").acquire(timeout=5))
+        await eventually(lambda: _count_waits(probe, ns, 1))
+        assert await _inserts(probe) == inserts + 1  # its wait, and nothing before it
+        await holder.release()
+        lease = await waiting
+        assert await _inserts(probe) == inserts + 1  # the wait's grant came with its token
+        assert lease.fencing_token == holder.fencing_token + 1
+        (thread,) = (await probe.user_locks(ns)).values()
+        await probe.kill(thread)
+        await lease.lost.wait()
+        taken: list[aiodlock.Lease] = []
+
+        async def sibling_takes_it() -> bool:  # once the server has ended the killed session
+            sibling = await a.lock("own").try_acquire()
+            taken.extend([sibling] if sibling is not None else [])
+            return sibling is not None
+
+        await eventually(sibling_takes_it)
+        assert taken[0].fencing_token > lease.fencing_token
+        await taken[0].release()
+    assert await probe.leftovers(ns) == []
+
+
 async def _inserts(probe: MySQLProbe) -> int:
     """The server's count of INSERT statements (plain and INSERT ... SELECT) so far."""
     rows = await probe.rows(

@@ -382,6 +382,8 @@ class MySQLBackend:
         self._opening = 0
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
+        self._holders: dict[str, _Acquisition] = {}
+        """Per mutex held through this client, the acquisition holding it (see _held_here)."""
         self._waiting = 0
         self._server_version = ""
         self.fractional_timeouts = True
@@ -425,6 +427,7 @@ class MySQLBackend:
                 self._discard(conn)
             self._idle.clear()
             self._acqs.clear()
+            self._holders.clear()
             self._doomed.clear()
             for future in self._room:
                 if not future.done():
@@ -462,10 +465,14 @@ class MySQLBackend:
         ident = _ident(spec, owner)
         acq = self._acqs.get(ident)
         waiting = acq is not None  # a waiter of this acquisition owns the connection
+        if acq is not None and acq.granted:
+            raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
+        if (acq is None or acq.held is None) and self._held_here(spec):
+            if acq is not None:
+                acq.ttl = ttl  # its waits fence with it
+            return Busy(None)
         if acq is None:
             acq = self._acqs[ident] = _Acquisition(owner)
-        elif acq.granted:
-            raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
         acq.ttl = ttl
         try:
             if acq.held is None:
@@ -479,7 +486,7 @@ class MySQLBackend:
                     token = await self._take_and_bump(spec, target, acq.conn, ttl, owner)
                     if token is not None:
                         acq.held = target
-                        return self._granted(acq, token)
+                        return self._granted(acq, token, spec=spec)
                 else:
                     acq.held = await self._get_now(spec, acq.conn)
                 if acq.held is None:
@@ -497,7 +504,7 @@ class MySQLBackend:
             assert acq.conn is not None
             if acq.claim is not None:  # granted and fenced by the wait's own statement
                 claim, acq.claim = acq.claim, None
-                return self._granted(acq, claim.fencing_token, claim.sent)
+                return self._granted(acq, claim.fencing_token, claim.sent, spec=spec)
             token = await self._bump_fence(spec, acq.conn, ttl, owner)
             in_use = None
             if spec.kind is Kind.SEMAPHORE:
@@ -517,13 +524,16 @@ class MySQLBackend:
                 del self._acqs[ident]
             await self._retire(acq)
             raise LimitMismatchError(spec.name, in_use, spec.limit)
-        return self._granted(acq, token)
+        return self._granted(acq, token, spec=spec)
 
-    @staticmethod
-    def _granted(acq: _Acquisition, token: int, sent: float | None = None) -> Grant:
+    def _granted(
+        self, acq: _Acquisition, token: int, sent: float | None = None, *, spec: LockSpec
+    ) -> Grant:
         """The acquisition's session holds the lock and has its token: watch for its loss."""
         assert acq.conn is not None
         acq.granted = True
+        if spec.kind is Kind.MUTEX and acq.held is not None:
+            self._holders[acq.held] = acq
         acq.event = acq.conn.lease_event = asyncio.Event()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
             acq.event.set()
@@ -534,6 +544,7 @@ class MySQLBackend:
         acq = self._acqs.pop(_ident(spec, owner), None)
         if acq is None:
             return False
+        self._unhold(acq)
         conn = acq.conn
         if conn is None:
             return False
@@ -941,7 +952,34 @@ class MySQLBackend:
         with contextlib.suppress(*DRIVER_ERRORS):
             await self._release_on(conn, held)
 
+    def _held_here(self, spec: LockSpec) -> bool:
+        """Whether another acquisition of this client holds the mutex ``spec``.
+
+        Its session has the lock, so the server would refuse this attempt too: say Busy
+        without a round trip. The next local task then waits at the server (its fenced wait is
+        granted the moment the holder releases) and nothing of it answers during the hold,
+        so the holder's section is not interrupted by replies to siblings that only learn
+        the lock is taken. A record that went stale unnoticed is dropped here.
+        """
+        if spec.kind is not Kind.MUTEX or not self._holders:
+            return False
+        target = lock_name(spec.namespace, _family(spec.kind), spec.name)
+        holder = self._holders.get(target)
+        if holder is None:
+            return False
+        conn = holder.conn
+        if holder.lost or holder.held != target or conn is None or conn.closed:
+            del self._holders[target]
+            return False
+        return True
+
+    def _unhold(self, acq: _Acquisition) -> None:
+        held = acq.held
+        if held is not None and self._holders.get(held) is acq:
+            del self._holders[held]
+
     def _lose(self, acq: _Acquisition) -> None:
+        self._unhold(acq)
         acq.lost = True
         if acq.event is not None:
             acq.event.set()
@@ -951,6 +989,7 @@ class MySQLBackend:
 
     def _scrap(self, acq: _Acquisition) -> None:
         """Close the acquisition's connection: whatever its session held is freed."""
+        self._unhold(acq)
         conn, acq.conn, acq.held, acq.claim = acq.conn, None, None, None
         if conn is not None:
             conn.lease_event = None
