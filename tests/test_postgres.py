@@ -358,6 +358,47 @@ async def test_grant_inside_a_wait_is_claimed_with_a_new_token(
     assert await probe.leftovers(ns) == []
 
 
+async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """While a task of a client holds a mutex, its session has the lock: the attempts of the
+    client's other tasks are refused by the client itself, unsent, and a waiting task waits on
+    the server at once. A holder whose session the server ended refuses nobody."""
+    async with connect(postgres_url, ns) as a:
+        holder = await a.lock("own").acquire()
+        before = await _last_statement_start(probe)
+        assert await a.lock("own").try_acquire() is None
+        assert await _last_statement_start(probe) == before  # refused without a statement
+        waiting = asyncio.create_task(a.lock("own").acquire(timeout=5))
+        await eventually(lambda: _waits_are(probe, 1))
+        await holder.release()
+        lease = await waiting
+        assert lease.fencing_token > holder.fencing_token
+        (pid,) = await probe.holders(ns, "own")
+        await probe.terminate(pid)
+        await lease.lost.wait()
+        taken: list[aiodlock.Lease] = []
+
+        async def sibling_takes_it() -> bool:  # once the server has ended the session
+            sibling = await a.lock("own").try_acquire()
+            taken.extend([sibling] if sibling is not None else [])
+            return sibling is not None
+
+        await eventually(sibling_takes_it)
+        assert taken[0].fencing_token > lease.fencing_token
+        await taken[0].release()
+    assert await probe.leftovers(ns) == []
+
+
+async def _last_statement_start(probe: PostgresProbe) -> object:
+    """When the newest statement of the test role's sessions (the probe's excepted) began."""
+    rows = await probe.rows(
+        "SELECT max(query_start) FROM pg_stat_activity WHERE usename = current_user "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    )
+    return rows[0][0]
+
+
 # ---------------------------------------------------------------------- fencing table
 
 

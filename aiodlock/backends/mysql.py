@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
+from ._local_holders import LocalHolders
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
 from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
@@ -382,8 +383,7 @@ class MySQLBackend:
         self._opening = 0
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
-        self._holders: dict[str, _Acquisition] = {}
-        """Per mutex held through this client, the acquisition holding it (see _held_here)."""
+        self._holders: LocalHolders[str, _Acquisition] = LocalHolders()
         self._waiting = 0
         self._server_version = ""
         self.fractional_timeouts = True
@@ -533,7 +533,7 @@ class MySQLBackend:
         assert acq.conn is not None
         acq.granted = True
         if spec.kind is Kind.MUTEX and acq.held is not None:
-            self._holders[acq.held] = acq
+            self._holders.hold(acq.held, acq)
         acq.event = acq.conn.lease_event = asyncio.Event()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
             acq.event.set()
@@ -953,30 +953,22 @@ class MySQLBackend:
             await self._release_on(conn, held)
 
     def _held_here(self, spec: LockSpec) -> bool:
-        """Whether another acquisition of this client holds the mutex ``spec``.
-
-        Its session has the lock, so the server would refuse this attempt too: say Busy
-        without a round trip. The next local task then waits at the server (its fenced wait is
-        granted the moment the holder releases) and nothing of it answers during the hold,
-        so the holder's section is not interrupted by replies to siblings that only learn
-        the lock is taken. A record that went stale unnoticed is dropped here.
-        """
+        """Whether another acquisition of this client holds the mutex ``spec`` (its session
+        has it: the server would refuse this attempt too). See :class:`LocalHolders`."""
         if spec.kind is not Kind.MUTEX or not self._holders:
             return False
         target = lock_name(spec.namespace, _family(spec.kind), spec.name)
-        holder = self._holders.get(target)
-        if holder is None:
-            return False
-        conn = holder.conn
-        if holder.lost or holder.held != target or conn is None or conn.closed:
-            del self._holders[target]
-            return False
-        return True
+
+        def alive(holder: _Acquisition) -> bool:
+            conn = holder.conn
+            live = conn is not None and not conn.closed
+            return live and not holder.lost and holder.held == target
+
+        return self._holders.held(target, alive=alive)
 
     def _unhold(self, acq: _Acquisition) -> None:
-        held = acq.held
-        if held is not None and self._holders.get(held) is acq:
-            del self._holders[held]
+        if acq.held is not None:
+            self._holders.unhold(acq.held, acq)
 
     def _lose(self, acq: _Acquisition) -> None:
         self._unhold(acq)

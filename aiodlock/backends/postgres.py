@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
+from ._local_holders import LocalHolders
 from ._pg_conn import DRIVER_ERRORS, LOCK_TIMEOUT, Conn, ConnectSettings, sqlstate
 from ._pg_keys import advisory_key, check_table_name, fence_key, split_key
 from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
@@ -425,6 +426,7 @@ class PostgresBackend:
         self._opening = 0
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._acqs: dict[tuple[str, str, str, str], _Acquisition] = {}
+        self._holders: LocalHolders[int, _Acquisition] = LocalHolders()
         self._waiting = 0
         self._server_version = ""
         self._sql: dict[tuple[bool, int, bool], str] = {}
@@ -477,6 +479,7 @@ class PostgresBackend:
             conns, self._conns = list(self._conns), set()
             self._idle.clear()
             self._acqs.clear()
+            self._holders.clear()
             self._dirty.clear()
             # In parallel, each bounded: a held lock's session ends with its connection.
             await asyncio.gather(
@@ -524,10 +527,12 @@ class PostgresBackend:
         ident = _ident(spec, owner)
         acq = self._acqs.get(ident)
         waiting = acq is not None  # a waiter of this acquisition owns the connection
+        if acq is not None and acq.granted:
+            raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
+        if (acq is None or acq.held is None) and self._held_here(spec):
+            return Busy(None)
         if acq is None:
             acq = self._acqs[ident] = _Acquisition(owner)
-        elif acq.granted:
-            raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
         try:
             if acq.conn is not None and acq.conn.closed:
                 # The waiter's session ended (server restart...): what it got went with it.
@@ -580,6 +585,8 @@ class PostgresBackend:
             await self._retire(acq)
             raise LimitMismatchError(spec.name, in_use, spec.limit)
         acq.granted = True
+        if spec.kind is Kind.MUTEX and acq.held is not None:
+            self._holders.hold(acq.held.key, acq)
         acq.event = conn.lease_event = asyncio.Event()
         if conn.peer_closed:  # the server hung up right after the grant
             acq.event.set()
@@ -591,6 +598,7 @@ class PostgresBackend:
         acq = self._acqs.pop(_ident(spec, owner), None)
         if acq is None:
             return False
+        self._unhold(acq)
         conn = acq.conn
         if conn is None:
             return False
@@ -937,7 +945,26 @@ class PostgresBackend:
         with contextlib.suppress(*DRIVER_ERRORS):
             await self._release_on(conn, held)
 
+    def _held_here(self, spec: LockSpec) -> bool:
+        """Whether another acquisition of this client holds the mutex ``spec`` (its session
+        has it: the server would refuse this attempt too). See :class:`LocalHolders`."""
+        if spec.kind is not Kind.MUTEX or not self._holders:
+            return False
+        (key,) = self._keys(spec)
+
+        def alive(holder: _Acquisition) -> bool:
+            conn, held = holder.conn, holder.held
+            live = conn is not None and not conn.closed
+            return live and not holder.lost and held is not None and held.key == key
+
+        return self._holders.held(key, alive=alive)
+
+    def _unhold(self, acq: _Acquisition) -> None:
+        if acq.held is not None:
+            self._holders.unhold(acq.held.key, acq)
+
     def _lose(self, acq: _Acquisition) -> None:
+        self._unhold(acq)
         acq.lost = True
         if acq.event is not None:
             acq.event.set()
@@ -947,6 +974,7 @@ class PostgresBackend:
 
     def _scrap(self, acq: _Acquisition, *, close: bool = False) -> None:
         """Take the acquisition's connection away: closed, or cleaned before reuse."""
+        self._unhold(acq)
         conn, acq.conn, acq.held = acq.conn, None, None
         if conn is None:
             return
