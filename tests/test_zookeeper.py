@@ -313,6 +313,66 @@ async def _until_waiting(client: aiodlock.LockClient, count: int) -> None:
     await wait_until(lambda: backend_of(client).statistics()["waiters"] >= count)
 
 
+def _requests(client: aiodlock.LockClient) -> dict[str, int]:
+    """The requests the server answered for ``client``, by kind, pings left out."""
+    answered = dict(backend_of(client).statistics()["requests"])
+    answered.pop("ping", None)
+    return answered
+
+
+def _more(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {kind: n - before.get(kind, 0) for kind, n in after.items() if n > before.get(kind, 0)}
+
+
+async def test_a_waiter_behind_the_head_lists_nothing_after_queueing(
+    zookeeper_server: ZooKeeperServer, namespace: str
+) -> None:
+    """Queueing is the create (with its listing, one round trip) and the watch on the node
+    ahead; the core's re-check after arming asks the armed watch, not the server; and when
+    the node ahead was the head, its deletion grants the lock with no listing either."""
+    async with (
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as a,
+        aiodlock.connect(zookeeper_server.url, namespace=namespace) as b,
+    ):
+        holder = await a.lock("q").acquire()
+        before = _requests(b)
+        waiting = asyncio.create_task(b.lock("q").acquire(timeout=5))
+        # The watch is set once its "get" is answered: the deletion then fires it.
+        await wait_until(lambda: _requests(b).get("get", 0) > before.get("get", 0))
+        await holder.release()
+        lease = await waiting
+        assert lease.fencing_token > holder.fencing_token
+        await lease.release()
+        assert _more(_requests(b), before) == {"create": 1, "children": 1, "get": 1, "delete": 1}
+
+
+async def test_a_waiter_whose_node_ahead_leaves_while_the_head_holds_keeps_waiting(
+    zookeeper_server: ZooKeeperServer, namespace: str
+) -> None:
+    """Only the deletion of the *head* grants without a listing: a waiter whose node ahead
+    gives up lists the queue, finds the holder still ahead, and watches it instead."""
+    url = zookeeper_server.url
+    async with (
+        aiodlock.connect(url, namespace=namespace) as a,
+        aiodlock.connect(url, namespace=namespace) as b,
+        aiodlock.connect(url, namespace=namespace) as c,
+    ):
+        holder = await a.lock("q").acquire()
+        first = asyncio.create_task(b.lock("q").acquire(timeout=5))
+        await wait_until(lambda: _requests(b).get("get", 0) > 0)
+        second = asyncio.create_task(c.lock("q").acquire(timeout=5))
+        await wait_until(lambda: _requests(c).get("get", 0) > 0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await wait_until(lambda: _requests(c).get("get", 0) > 1)  # re-armed, on the holder
+        assert not second.done()
+        await holder.release()
+        lease = await second
+        assert lease.fencing_token > holder.fencing_token
+        await lease.release()
+
+
 async def test_semaphore_hands_each_freed_permit_to_the_next_waiter(
     zookeeper_server: ZooKeeperServer,
 ) -> None:

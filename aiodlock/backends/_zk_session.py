@@ -52,6 +52,7 @@ and :class:`NotEmptyError` are answers the recipe expects; everything else becom
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -92,6 +93,7 @@ EVENT_DATA_CHANGED: Final = protocol.WatchEvent.DATA_CHANGED
 EVENT_CHILDREN_CHANGED: Final = protocol.WatchEvent.CHILDREN_CHANGED
 
 _OPEN_ACL: Final = [protocol.UNRESTRICTED_ACCESS]
+
 _MAX_XID: Final = 0x7FFFFFFF
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 1.0
@@ -196,6 +198,20 @@ class _CreateContainerResponse(protocol.Create2Response):  # type: ignore[misc]
     """Registered for opcode 19 in aiozk's reply table by its metaclass."""
 
     opcode = 19
+
+
+_KINDS: Final[dict[type, str]] = {
+    protocol.Create2Request: "create",
+    _CreateContainerRequest: "create",
+    protocol.GetChildren2Request: "children",
+    protocol.GetChildrenRequest: "children",
+    protocol.GetDataRequest: "get",
+    protocol.SetDataRequest: "set",
+    protocol.DeleteRequest: "delete",
+    protocol.ExistsRequest: "exists",
+    protocol.PingRequest: "ping",
+}
+"""How :attr:`ZKTransport.answered` names requests (others by their class name)."""
 
 
 class _HandshakeFailed(Exception):
@@ -584,6 +600,8 @@ class ZKTransport:
         self._connected = asyncio.Event()
         self.contact_changed = asyncio.Event()
         self.contact = 0.0
+        self.answered: collections.Counter[str] = collections.Counter()
+        """Requests the server answered (an error reply included), by kind: see _KINDS."""
 
     # -- state ---------------------------------------------------------------------------
 
@@ -709,7 +727,11 @@ class ZKTransport:
                 if follow is not None:  # right behind it, on the same connection
                     session.xid = 1 if session.xid >= _MAX_XID else session.xid + 1
                     follow.sent(conn.send(follow.request, xid=session.xid))
-                zxid, response = await reply
+                try:
+                    zxid, response = await reply
+                except zk_exc.ZKError:
+                    self._count(request, follow)  # answered, with an error
+                    raise
         except TimeoutError as exc:
             if sent is not None:
                 raise ConnectionLoss(f"no zookeeper reply within {timeout:.3g} s") from exc
@@ -729,10 +751,16 @@ class ZKTransport:
             raise ConnectionLoss(f"zookeeper connection lost: {exc}") from exc
         except zk_exc.ZKError as exc:
             raise BackendError(f"zookeeper error: {type(exc).__name__}: {exc}") from exc
+        self._count(request, follow)
         if zxid is not None and zxid > (session.last_zxid or 0):
             session.last_zxid = zxid
         self._note_contact(sent, sid)
         return response
+
+    def _count(self, request: Any, follow: _Follow | None) -> None:
+        self.answered[_KINDS.get(type(request), type(request).__name__)] += 1
+        if follow is not None:  # answered right behind it
+            self.answered[_KINDS.get(type(follow.request), type(follow.request).__name__)] += 1
 
     def _note_contact(self, sent: float | None, sid: int | None) -> None:
         if sent is not None and sid == self._session.session_id and sent > self.contact:

@@ -256,11 +256,13 @@ def _node_owner(data: bytes, session: int) -> str:
 class _ZKWaiter(BankedWakeup):
     """A waiting acquisition's wakeup: banked, armed on at most one watch at a time."""
 
-    __slots__ = ("armed",)
+    __slots__ = ("armed", "confirmed", "deleted")
 
     def __init__(self) -> None:
         super().__init__()
         self.armed: str | None = None  # path of the watch we are registered on
+        self.confirmed: str | None = None  # ...once the server said it exists, watch set
+        self.deleted: str | None = None  # the node watch that fired for a deletion
 
     async def wait(self, timeout: float | None) -> None:
         await self._consume(timeout)
@@ -271,6 +273,7 @@ class _Entry:
 
     __slots__ = (
         "abandoning",
+        "behind_head",
         "create_error",
         "creating",
         "czxid",
@@ -324,6 +327,7 @@ class _Entry:
         self.reaper: asyncio.TimerHandle | None = None
         self.target: str | None = None  # what a waiter of ours must watch
         self.target_children = False
+        self.behind_head = False  # the target is the head: its deletion makes us the head
         self.watching = False  # a data watch on our own (held) node is registered
         self.gone = False  # released or abandoned: no longer in the table
         self.abandoning: asyncio.Task[None] | None = None
@@ -356,6 +360,7 @@ class _Verdict:
     target: str | None = None  # path to watch (a node, or the directory for children)
     children: bool = False
     successor: bool = False  # some contender queues right behind us
+    behind_head: bool = False  # exclusive, and only the node we watch is ahead of us
     conflict: int | None = None  # semaphore: the other limit of a contender ahead of us
 
 
@@ -391,7 +396,7 @@ def _evaluate(entry: _Entry, names: list[str], leaving: Set[str] = frozenset()) 
         return _Verdict(False, f"{directory}/{contenders[index - 1][3]}")
     if index == 0:
         return _Verdict(True, successor=successor)
-    return _Verdict(False, f"{directory}/{contenders[index - 1][3]}")
+    return _Verdict(False, f"{directory}/{contenders[index - 1][3]}", behind_head=index == 1)
 
 
 def _other_limit(ahead: list[tuple[int, str, int, str]], limit: int) -> int | None:
@@ -617,7 +622,8 @@ class ZooKeeperBackend:
         return self._url.redacted()
 
     def statistics(self) -> Mapping[str, Any]:
-        """Session, connection and recipe counters."""
+        """Session, connection and recipe counters; ``requests``: those the server answered,
+        by kind (``create``, ``children``, ``get``, ``delete``, ``ping``...)."""
         transport = self._transport
         sid = transport.session_id if transport is not None else None
         return {
@@ -635,6 +641,7 @@ class ZooKeeperBackend:
             "reconnects": self._reconnects,
             "losses": self._losses,
             "adopted": self._adopted,
+            "requests": dict(transport.answered) if transport is not None else {},
         }
 
     # ------------------------------------------------------------------ operators
@@ -714,6 +721,11 @@ class ZooKeeperBackend:
                 if entry.lost is None:
                     return Grant(entry.czxid)
                 return Busy(None)
+            known = self._known_place(entry, transport)
+            if known is not None:
+                if known:
+                    return self._grant(entry, ttl)
+                return Busy(None)
             names = await self._enqueue(entry, transport)
             while entry.session_id != transport.session_id:
                 # The session changed while the listing was on its way: queue again.
@@ -723,14 +735,14 @@ class ZooKeeperBackend:
                 await self._refuse(entry, transport)
                 raise LimitMismatchError(spec.name, verdict.conflict, spec.limit)
             if verdict.granted:
-                entry.held = True
-                entry.target = None
-                self._schedule_reaper(entry, ttl)
                 if verdict.successor and entry.kind is Kind.SEMAPHORE:
+                    grant = self._grant(entry, ttl)
                     await self._poke(entry, transport)
-                return Grant(entry.czxid)
+                    return grant
+                return self._grant(entry, ttl)
             entry.target = verdict.target
             entry.target_children = verdict.children
+            entry.behind_head = verdict.behind_head
             waiter = self._waiters.get(key)
             if waiter is None:
                 # Lock.try_acquire() will not wait: unless waiter() is entered right away
@@ -739,6 +751,40 @@ class ZooKeeperBackend:
             else:
                 await self._arm(waiter, entry, transport)
             return Busy(None)
+
+    def _grant(self, entry: _Entry, ttl: float) -> Grant:
+        entry.held = True
+        entry.target = None
+        self._schedule_reaper(entry, ttl)
+        return Grant(entry.czxid)
+
+    def _known_place(self, entry: _Entry, transport: ZKTransport) -> bool | None:
+        """Our place in the queue when no listing can tell more, else None (list it).
+
+        False: the watch on the node we wait for is set and has not fired — the server
+        confirmed that node exists after our last listing, and any change since would have
+        fired the watch (the core's re-check after arming asks exactly this). True: that node
+        was the head, only it was ahead of us, and the server told us it was deleted — a node
+        created later gets a higher sequence than ours, so we are the head now.
+        """
+        waiter = self._waiters.get(entry.key)
+        target = entry.target
+        if (
+            waiter is None
+            or target is None
+            or entry.name is None
+            or entry.creating is not None
+            or entry.uncertain
+            or entry.stray_session is not None
+            or entry.session_id != transport.session_id
+        ):
+            return None
+        if waiter.armed == target and waiter.confirmed == target:
+            return False
+        if entry.behind_head and waiter.deleted == target:
+            waiter.deleted = None
+            return True
+        return None
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Delete our node (and any stray one with our uuid); True if it was held."""
@@ -1018,6 +1064,7 @@ class ZooKeeperBackend:
         self._disarm(waiter)
         self._watches.setdefault(target, set()).add(waiter)
         waiter.armed = target
+        waiter.deleted = None
         try:
             if entry.target_children:
                 names = await transport.children(
@@ -1031,6 +1078,8 @@ class ZooKeeperBackend:
                         waiter.wake()  # changed since the check: check again at once
             else:
                 await transport.get(target, watch=True, timeout=self._request_timeout)
+                if waiter.armed == target:  # (not fired or disarmed meanwhile)
+                    waiter.confirmed = target
         except NoNodeError:
             self._disarm(waiter)
             waiter.wake()  # already gone: that is the wakeup
@@ -1073,6 +1122,8 @@ class ZooKeeperBackend:
                     self._mark_lost(item, "its lock node was deleted", doom=False)
             else:
                 item.armed = None
+                if event_type == EVENT_DELETED:
+                    item.deleted = path
                 item.wake()
 
     def _reset_watches(self) -> None:
