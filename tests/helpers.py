@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 import aiodlock
 from aiodlock.testing import Hold
 
-__all__ = ["FailoverLoad", "eventually", "wait_until"]
+__all__ = [
+    "FailoverLoad",
+    "eventually",
+    "release_meets_keep_alives",
+    "taken_once_free",
+    "wait_until",
+]
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -30,6 +36,41 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
         while not await check():  # noqa: ASYNC110 - the server notifies nobody of these
             await asyncio.sleep(0.005)
     return loop.time() - started
+
+
+async def taken_once_free(lock: aiodlock.Lock, timeout: float = 10.0) -> aiodlock.Lease:
+    """``lock.try_acquire()`` until it succeeds: the lock is free once the server has noticed
+    something nothing tells the client (a killed session ending). Fails after ``timeout``."""
+    taken: list[aiodlock.Lease] = []
+
+    async def took() -> bool:
+        lease = await lock.try_acquire()
+        taken.extend([lease] if lease is not None else [])
+        return lease is not None
+
+    await eventually(took, timeout)
+    return taken[0]
+
+
+async def release_meets_keep_alives(
+    holder: aiodlock.LockClient, other: aiodlock.LockClient, rounds: int = 200
+) -> None:
+    """Release leases whose keep-alive runs every 10 ms, at moments spread over its period:
+    each time the lock must be free for ``other`` when release() returns, even when the
+    release met a keep-alive in flight."""
+    for i in range(rounds):
+        lease = await holder.lock("busy", ttl=0.03).acquire()
+        await asyncio.sleep(0.001 * (i % 13))
+        try:
+            await lease.release()
+        except aiodlock.LockNotOwnedError:
+            assert lease.lost.is_set()  # only a lease really lost (a stalled loop) may say so
+            again = await other.lock("busy").acquire(timeout=2)
+        else:
+            taken = await other.lock("busy").try_acquire()
+            assert taken is not None, f"still taken right after release #{i}"
+            again = taken
+        await again.release()
 
 
 @dataclass

@@ -25,7 +25,7 @@ import pytest
 
 import aiodlock
 from aiodlock.testing import History
-from tests.helpers import eventually
+from tests.helpers import eventually, release_meets_keep_alives, taken_once_free
 from tests.servers import TLSFiles, free_port
 from tests.support_postgres import PostgresProbe, PostgresServer, advisory_key, fence_key
 
@@ -314,19 +314,7 @@ async def test_release_while_a_keep_alive_is_in_flight(
     server: the lock is free when release() returns (a keep-alive cancelled by closing its
     session left the server to free the lock a moment later, after release() returned)."""
     async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
-        for i in range(200):
-            lease = await a.lock("busy", ttl=0.03).acquire()  # a keep-alive every 10 ms
-            await asyncio.sleep(0.001 * (i % 13))
-            try:
-                await lease.release()
-            except aiodlock.LockNotOwnedError:
-                assert lease.lost.is_set()  # only a lease really lost (a stalled loop) may say so
-                again = await b.lock("busy").acquire(timeout=2)
-            else:
-                taken = await b.lock("busy").try_acquire()
-                assert taken is not None, f"still taken right after release #{i}"
-                again = taken
-            await again.release()
+        await release_meets_keep_alives(a, b)
     assert await probe.leftovers(ns) == []
 
 
@@ -377,16 +365,9 @@ async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
         (pid,) = await probe.holders(ns, "own")
         await probe.terminate(pid)
         await lease.lost.wait()
-        taken: list[aiodlock.Lease] = []
-
-        async def sibling_takes_it() -> bool:  # once the server has ended the session
-            sibling = await a.lock("own").try_acquire()
-            taken.extend([sibling] if sibling is not None else [])
-            return sibling is not None
-
-        await eventually(sibling_takes_it)
-        assert taken[0].fencing_token > lease.fencing_token
-        await taken[0].release()
+        sibling = await taken_once_free(a.lock("own"))
+        assert sibling.fencing_token > lease.fencing_token
+        await sibling.release()
     assert await probe.leftovers(ns) == []
 
 
