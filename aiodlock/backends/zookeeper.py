@@ -766,11 +766,16 @@ class ZooKeeperBackend:
         fired the watch (the core's re-check after arming asks exactly this). True: that node
         was the head, only it was ahead of us, and the server told us it was deleted — a node
         created later gets a higher sequence than ours, so we are the head now.
+
+        Not for semaphores: a waiter's place there also moves when nodes ahead of the one it
+        watches leave (the first waiter's permit, handed on by a touch that may have come
+        before the watch was set), so it lists.
         """
         waiter = self._waiters.get(entry.key)
         target = entry.target
         if (
-            waiter is None
+            entry.kind is Kind.SEMAPHORE
+            or waiter is None
             or target is None
             or entry.name is None
             or entry.creating is not None
@@ -1064,7 +1069,7 @@ class ZooKeeperBackend:
         self._disarm(waiter)
         self._watches.setdefault(target, set()).add(waiter)
         waiter.armed = target
-        waiter.deleted = None
+        waiter.confirmed = waiter.deleted = None
         try:
             if entry.target_children:
                 names = await transport.children(
