@@ -346,6 +346,31 @@ async def test_grant_inside_a_wait_is_claimed_with_a_new_token(
     assert await probe.leftovers(ns) == []
 
 
+async def test_a_grant_inside_a_wait_comes_with_its_token(
+    postgres_url: str, ns: str, probe: PostgresProbe
+) -> None:
+    """A lock's wait is the fencing statement itself: the waiter granted the lock when the
+    holder releases sends no claim for its token (its session's last statement is the wait),
+    and its lease is timed from that statement's start, not from the grant."""
+    ttl = 3.0
+    loop = asyncio.get_running_loop()
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+        holder = await a.lock("w").acquire()
+        waiting = asyncio.create_task(b.lock("w", ttl=ttl).acquire(timeout=5))
+        await eventually(lambda: _waits_are(probe, 1))
+        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (slice: ttl/3)
+        released_at = loop.time()
+        await holder.release()
+        lease = await waiting
+        assert lease.fencing_token > holder.fencing_token
+        (pid,) = await probe.holders(ns, "w")
+        [(last,)] = await probe.rows("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
+        assert "lock_timeout" in last  # the wait, and no claim after it
+        assert lease.valid_until < released_at + ttl - 0.2
+        await lease.release()
+    assert await probe.leftovers(ns) == []
+
+
 async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
     postgres_url: str, ns: str, probe: PostgresProbe
 ) -> None:

@@ -145,6 +145,18 @@ SELECT got.slot, bump.token, bump.sem_limit,
        set_config('application_name', CASE WHEN got.slot >= 0 THEN $7 ELSE 'aiodlock' END, false)
 FROM got LEFT JOIN bump ON true"""
 
+# A wait that fences: under lock_timeout ($8 ms, set for this statement only, and back to 0
+# once the key is ours: the bump must not time out holding it), wait for the key ($7) and
+# bump the fencing row in the same statement, so a grant inside the wait arrives with its
+# token. A wait that runs out fails with lock_not_available; nothing of it remains.
+_FENCED_WAIT: Final = """WITH armed AS MATERIALIZED (SELECT set_config('lock_timeout', $8, true)),
+got AS MATERIALIZED (SELECT {lock}($7::bigint) FROM armed),
+disarmed AS MATERIALIZED (SELECT set_config('lock_timeout', '0', true) FROM got),
+{bump}
+SELECT 0, bump.token, bump.sem_limit, set_config('idle_session_timeout', $5, false),
+       set_config('application_name', $6, false)
+FROM disarmed LEFT JOIN bump ON true"""
+
 # The claim of a lock the session got inside a wait: the bump alone.
 _CLAIM: Final = """WITH {bump}
 SELECT 0, bump.token, bump.sem_limit, set_config('idle_session_timeout', $5, false),
@@ -280,9 +292,12 @@ class _Held:
 class _Acquisition:
     """One acquisition (one owner): its connection, and what that session holds."""
 
-    __slots__ = ("conn", "event", "granted", "held", "lost", "start_slot", "waits")
+    __slots__ = (
+        "claim", "conn", "event", "granted", "held", "lost", "owner", "start_slot", "ttl", "waits",
+    )
 
     def __init__(self, owner: str) -> None:
+        self.owner = owner
         self.conn: Conn | None = None
         self.held: _Held | None = None
         """The key the session holds (a semaphore's slot), or None."""
@@ -291,6 +306,10 @@ class _Acquisition:
         self.lost = False
         """The lock is known gone (keep-alive refused, connection dropped)."""
         self.event: asyncio.Event | None = None
+        self.claim: Grant | None = None
+        """A grant made inside a wait, token included, for the next attempt to report."""
+        self.ttl: float | None = None
+        """The lease asked for by the acquisition's attempts (its waits fence with it)."""
         self.start_slot = zlib.crc32(owner.encode())
         self.waits = 0
 
@@ -429,7 +448,7 @@ class PostgresBackend:
         self._holders: LocalHolders[int, _Acquisition] = LocalHolders()
         self._waiting = 0
         self._server_version = ""
-        self._sql: dict[tuple[bool, int, bool], str] = {}
+        self._sql: dict[tuple[bool | int | str, ...], str] = {}
 
     # ------------------------------------------------------------------ lifetime
 
@@ -530,20 +549,32 @@ class PostgresBackend:
         if acq is not None and acq.granted:
             raise RuntimeError(f"owner {owner!r} already holds {spec.name!r}")
         if (acq is None or acq.held is None) and self._held_here(spec):
+            if acq is not None:
+                acq.ttl = ttl  # its waits fence with it
             return Busy(None)
         if acq is None:
             acq = self._acqs[ident] = _Acquisition(owner)
+        acq.ttl = ttl
+        sent = None
         try:
             if acq.conn is not None and acq.conn.closed:
                 # The waiter's session ended (server restart...): what it got went with it.
                 self._discard(acq.conn)
                 acq.conn = None
-                acq.held = None
+                acq.held = acq.claim = None
             if acq.conn is None:
                 acq.conn = await self._checkout()
             conn = acq.conn
             claiming = acq.held is not None
-            slot, token, recorded = await self._grant(spec, conn, ttl, owner, claiming=claiming)
+            token: int | None
+            recorded: int | None
+            if acq.claim is not None:  # granted and fenced by the wait's own statement
+                claim, acq.claim = acq.claim, None
+                slot, token, recorded, sent = 0, claim.fencing_token, None, claim.sent
+            else:
+                slot, token, recorded = await self._grant(
+                    spec, conn, ttl, owner, claiming=claiming
+                )
             if slot < 0:
                 # Every slot of ours is taken: by holders of another limit? Then say so now,
                 # instead of waiting for a slot (with a lower limit, forever).
@@ -591,7 +622,7 @@ class PostgresBackend:
         if conn.peer_closed:  # the server hung up right after the grant
             acq.event.set()
         self._maybe_sweep()
-        return Grant(int(token))
+        return Grant(int(token), sent)
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """``pg_advisory_unlock`` on the holding connection, which then rejoins the idle list."""
@@ -906,6 +937,10 @@ class PostgresBackend:
         acq.waits += 1
         held = self._held(spec, slot)
         lock = "pg_advisory_lock_shared" if held.shared else "pg_advisory_lock"
+        if spec.kind is not Kind.SEMAPHORE and acq.ttl is not None:
+            # A lease granted at the end of a slice starts with at least 2/3 of its ttl.
+            await self._wait_fenced(spec, acq, conn, held, min(slice_, acq.ttl / 3))
+            return
         ms = max(1, min(math.ceil(slice_ * 1000), _MAX_TIMEOUT_MS))
         # One implicit transaction: if the wait times out, the SET is rolled back with it.
         sql = f"SET lock_timeout = {ms}; SELECT {lock}({held.key}); SET lock_timeout = 0"
@@ -918,6 +953,48 @@ class PostgresBackend:
             self._give_up(conn)
             self._raise_translated(exc, f"wait for {spec.name!r}")
         acq.held = held
+
+    async def _wait_fenced(
+        self, spec: LockSpec, acq: _Acquisition, conn: Conn, held: _Held, slice_: float
+    ) -> None:
+        """One wait that is also the fencing statement: a grant inside it is claimed by the
+        next attempt with its token, its lease timed from this statement's start (the
+        server's idle clock starts later, when the statement ends)."""
+        assert acq.ttl is not None
+        ms = max(1, min(math.ceil(slice_ * 1000), _MAX_TIMEOUT_MS))
+        args = [
+            fence_key(spec.namespace, spec.name),
+            spec.namespace,
+            spec.name,
+            None,
+            str(_session_timeout_ms(acq.ttl)),
+            _APPLICATION + acq.owner,
+            held.key,
+            str(ms),
+        ]
+        sql = self._fenced_wait_sql(held.shared)
+        sent = asyncio.get_running_loop().time()
+        try:
+            row = await conn.fetchrow(sql, *args, timeout=slice_ + self._query_timeout)
+        except BaseException as exc:
+            if sqlstate(exc) == LOCK_TIMEOUT:
+                return  # the slice ran out on the server; the caller re-checks
+            acq.conn = None
+            self._give_up(conn)
+            self._raise_translated(exc, f"wait for {spec.name!r}")
+        acq.held = held  # so that leaving without a claim releases it
+        token = row[1] if row else None
+        if token is not None:  # else the next attempt's claim reports the collision
+            acq.claim = Grant(int(token), sent)
+
+    def _fenced_wait_sql(self, shared: bool) -> str:
+        shape = ("wait", shared)
+        sql = self._sql.get(shape)
+        if sql is None:
+            bump = _BUMP.format(table=self._table, clock=_CLOCK_US, source="FROM disarmed")
+            lock = "pg_advisory_lock_shared" if shared else "pg_advisory_lock"
+            sql = self._sql[shape] = _FENCED_WAIT.format(lock=lock, bump=bump)
+        return sql
 
     async def _release_on(self, conn: Conn, held: _Held) -> bool:
         """Unlock on ``conn`` (and anything stacked by mistake); keep the connection."""
@@ -936,7 +1013,7 @@ class PostgresBackend:
     async def _retire(self, acq: _Acquisition) -> None:
         """A waiter leaves without a grant: free what its session holds, keep nothing."""
         conn, held = acq.conn, acq.held
-        acq.conn = acq.held = None
+        acq.conn = acq.held = acq.claim = None
         if conn is None:
             return
         if held is None:
@@ -975,7 +1052,7 @@ class PostgresBackend:
     def _scrap(self, acq: _Acquisition, *, close: bool = False) -> None:
         """Take the acquisition's connection away: closed, or cleaned before reuse."""
         self._unhold(acq)
-        conn, acq.conn, acq.held = acq.conn, None, None
+        conn, acq.conn, acq.held, acq.claim = acq.conn, None, None, None
         if conn is None:
             return
         conn.lease_event = None
