@@ -936,46 +936,28 @@ class PostgresBackend:
         slot = (acq.start_slot + acq.waits) % len(keys)
         acq.waits += 1
         held = self._held(spec, slot)
-        lock = "pg_advisory_lock_shared" if held.shared else "pg_advisory_lock"
-        if spec.kind is not Kind.SEMAPHORE and acq.ttl is not None:
-            # A lease granted at the end of a slice starts with at least 2/3 of its ttl.
-            await self._wait_fenced(spec, acq, conn, held, min(slice_, acq.ttl / 3))
-            return
+        # A lock's wait is its fencing statement (a semaphore slot's is a plain script). A
+        # lease granted at the end of a slice then starts with at least 2/3 of its ttl.
+        fenced = acq.ttl if spec.kind is not Kind.SEMAPHORE else None
+        if fenced is not None:
+            slice_ = min(slice_, fenced / 3)
         ms = max(1, min(math.ceil(slice_ * 1000), _MAX_TIMEOUT_MS))
-        # One implicit transaction: if the wait times out, the SET is rolled back with it.
-        sql = f"SET lock_timeout = {ms}; SELECT {lock}({held.key}); SET lock_timeout = 0"
-        try:
-            await conn.script(sql, timeout=slice_ + self._query_timeout)
-        except BaseException as exc:
-            if sqlstate(exc) == LOCK_TIMEOUT:
-                return  # the slice ran out on the server; the caller re-checks
-            acq.conn = None
-            self._give_up(conn)
-            self._raise_translated(exc, f"wait for {spec.name!r}")
-        acq.held = held
-
-    async def _wait_fenced(
-        self, spec: LockSpec, acq: _Acquisition, conn: Conn, held: _Held, slice_: float
-    ) -> None:
-        """One wait that is also the fencing statement: a grant inside it is claimed by the
-        next attempt with its token, its lease timed from this statement's start (the
-        server's idle clock starts later, when the statement ends)."""
-        assert acq.ttl is not None
-        ms = max(1, min(math.ceil(slice_ * 1000), _MAX_TIMEOUT_MS))
-        args = [
-            fence_key(spec.namespace, spec.name),
-            spec.namespace,
-            spec.name,
-            None,
-            str(_session_timeout_ms(acq.ttl)),
-            _APPLICATION + acq.owner,
-            held.key,
-            str(ms),
-        ]
-        sql = self._fenced_wait_sql(held.shared)
         sent = asyncio.get_running_loop().time()
         try:
-            row = await conn.fetchrow(sql, *args, timeout=slice_ + self._query_timeout)
+            if fenced is not None:
+                row = await conn.fetchrow(
+                    self._fenced_wait_sql(held.shared),
+                    *self._fenced_wait_args(spec, acq.owner, fenced, held, ms),
+                    timeout=slice_ + self._query_timeout,
+                )
+            else:
+                # One implicit transaction: if the wait times out, the SET is rolled back.
+                lock = "pg_advisory_lock_shared" if held.shared else "pg_advisory_lock"
+                await conn.script(
+                    f"SET lock_timeout = {ms}; SELECT {lock}({held.key}); SET lock_timeout = 0",
+                    timeout=slice_ + self._query_timeout,
+                )
+                row = None
         except BaseException as exc:
             if sqlstate(exc) == LOCK_TIMEOUT:
                 return  # the slice ran out on the server; the caller re-checks
@@ -983,9 +965,26 @@ class PostgresBackend:
             self._give_up(conn)
             self._raise_translated(exc, f"wait for {spec.name!r}")
         acq.held = held  # so that leaving without a claim releases it
-        token = row[1] if row else None
-        if token is not None:  # else the next attempt's claim reports the collision
-            acq.claim = Grant(int(token), sent)
+        if row and row[1] is not None:
+            # Granted and fenced: the next attempt claims it with its token, the lease timed
+            # from this statement's start (the server's idle clock starts when it ends). No
+            # token: the next attempt's claim reports the collision.
+            acq.claim = Grant(int(row[1]), sent)
+
+    @staticmethod
+    def _fenced_wait_args(
+        spec: LockSpec, owner: str, ttl: float, held: _Held, ms: int
+    ) -> list[Any]:
+        return [
+            fence_key(spec.namespace, spec.name),
+            spec.namespace,
+            spec.name,
+            None,
+            str(_session_timeout_ms(ttl)),
+            _APPLICATION + owner,
+            held.key,
+            str(ms),
+        ]
 
     def _fenced_wait_sql(self, shared: bool) -> str:
         shape = ("wait", shared)
