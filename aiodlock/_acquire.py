@@ -18,8 +18,8 @@ Example (what ``Lock.acquire`` does)::
 from __future__ import annotations
 
 import asyncio
-import secrets
 from dataclasses import dataclass
+from random import getrandbits
 
 from ._exceptions import BackendError, LockTimeoutError
 from ._local import Turns, takes_turns
@@ -94,25 +94,36 @@ async def wait_for_grant(
         return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
     # Tasks of one client take turns, in arrival order, to contend at the service (which
     # already queues fair waiters itself).
-    turn = turns.join(spec)
+    turn, alone = turns.join(spec)
     try:
-        counters.waiting += 1
-        try:
-            async with asyncio.timeout_at(deadline):
-                await turn.acquire()
-        except TimeoutError:
-            counters.timeouts += 1
-            raise LockTimeoutError(
-                f"could not acquire {spec.describe()} within {timeout} s"
-            ) from None
-        finally:
-            counters.waiting -= 1
+        if alone:
+            await turn.acquire()  # free, and nobody waits for it: no wait, no timer
+        else:
+            await _take_turn(turn, spec, deadline, timeout, counters)
         try:
             return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
         finally:
             turn.release()
     finally:
         turns.leave(spec)
+
+
+async def _take_turn(
+    turn: asyncio.Lock,
+    spec: LockSpec,
+    deadline: float | None,
+    timeout: float | None,
+    counters: AcquireCounters,
+) -> None:
+    counters.waiting += 1
+    try:
+        async with asyncio.timeout_at(deadline):
+            await turn.acquire()
+    except TimeoutError:
+        counters.timeouts += 1
+        raise LockTimeoutError(f"could not acquire {spec.describe()} within {timeout} s") from None
+    finally:
+        counters.waiting -= 1
 
 
 async def _contend(
@@ -190,5 +201,10 @@ async def _attempt(
 
 
 def new_owner() -> str:
-    """A fresh owner token: random lowercase hex, safe in keys, paths and messages."""
-    return secrets.token_hex(12)
+    """A fresh owner token: random lowercase hex, safe in keys, paths and messages.
+
+    96 random bits, unique across processes and time without coordination. Not from
+    ``secrets``: a token is not a secret (anyone who can read the service sees it), and the
+    system call would cost every acquisition; ``random`` reseeds in a forked child.
+    """
+    return f"{getrandbits(96):024x}"

@@ -58,14 +58,17 @@ class Turns:
     def __init__(self) -> None:
         self._turns: dict[_Family, tuple[asyncio.Lock, list[int]]] = {}
 
-    def join(self, spec: LockSpec) -> asyncio.Lock:
-        """The turn for ``spec``; every join must be matched by one :meth:`leave`."""
+    def join(self, spec: LockSpec) -> tuple[asyncio.Lock, bool]:
+        """The turn for ``spec``, and whether this is its only user (then the turn is free and
+        nobody waits for it: acquiring it does not wait). Every join must be matched by one
+        :meth:`leave`."""
         key = (spec.kind, spec.name)
         entry = self._turns.get(key)
         if entry is None:
             entry = self._turns[key] = (asyncio.Lock(), [0])
-        entry[1][0] += 1
-        return entry[0]
+        users = entry[1]
+        users[0] += 1
+        return entry[0], users[0] == 1
 
     def leave(self, spec: LockSpec) -> None:
         """Stop using the turn for ``spec``."""
@@ -205,9 +208,8 @@ class Holdings:
             except asyncio.CancelledError:
                 self._supervisor.compensate(state.spec, state.owner)
                 raise
-        released = await self._supervisor.release(state.spec, state.owner)
-        what = state.spec.describe()
-        if not released:
+        if not await self._supervisor.release(state.spec, state.owner):
+            what = state.spec.describe()
             found = LockLostError(
                 f"{what} was found expired or taken when it was released: "
                 "the end of the critical section ran without it"

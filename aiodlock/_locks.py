@@ -151,7 +151,7 @@ class BaseLock:
             RuntimeError: the client is not open.
         """
         wait = self.timeout if timeout is USE_CLIENT_DEFAULT else _seconds(timeout)
-        return (await self._take(wait)).lease
+        return (await self._take(_current_task(), wait)).lease
 
     async def try_acquire(self) -> Lease | None:
         """Take the lock if it is free right now; never waits.
@@ -176,8 +176,9 @@ class BaseLock:
             )
         return None if granted is None else self._hold(granted, task, started).lease
 
-    async def _take(self, timeout: float | None, *, strict: bool = False) -> LiveLease:
-        task = _current_task()
+    async def _take(
+        self, task: asyncio.Task[Any], timeout: float | None, *, strict: bool = False
+    ) -> LiveLease:
         held = self._reentry(task, strict=strict)
         if held is not None:
             self._context.holdings.reenter(held)
@@ -247,7 +248,7 @@ class BaseLock:
 
     async def __aenter__(self) -> Lease:
         task = _current_task()
-        live = await self._take(self.timeout, strict=True)
+        live = await self._take(task, self.timeout, strict=True)
         guard = None
         if self._context.holdings.claim_guard(live, task):
             guard = LossGuard(live.state, task)

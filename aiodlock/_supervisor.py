@@ -42,39 +42,25 @@ lease's own expiry."""
 
 
 class Keeper:
-    """The keep-alive of one lease: a timer until its first renewal is due, then a task.
+    """The keep-alive of one lease: a place in a :class:`_FirstRenewals` queue until its first
+    renewal is due, then a task.
 
-    Most holds end long before their first renewal (ttl/3), and a timer costs a fraction of a
-    task, so the task of the supervisor's group is only started when there is work for it. A
-    lease whose backend signals losses (a session backend) gets its task at once: the signal
-    must be watched from the grant on.
+    Most holds end long before their first renewal (ttl/3), so the task of the supervisor's
+    group is only started when there is work for it. A lease whose backend signals losses (a
+    session backend) gets its task at once: the signal must be watched from the grant on.
     """
 
-    __slots__ = ("_timer", "task")
+    __slots__ = ("_queue", "task")
 
     def __init__(self) -> None:
-        self._timer: asyncio.TimerHandle | None = None
+        self._queue: _FirstRenewals | None = None
         self.task: asyncio.Task[None] | None = None
-
-    def start_at(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        when: float,
-        spawn: Callable[[], asyncio.Task[None] | None],
-    ) -> None:
-        """Start the task ``spawn()`` makes at loop time ``when`` (unless cancelled first)."""
-
-        def fire() -> None:
-            self._timer = None
-            self.task = spawn()
-
-        self._timer = loop.call_at(when, fire)
 
     def cancel(self) -> None:
         """Stop keeping the lease (a keep-alive reporting its own loss is left to finish)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._queue is not None:
+            self._queue.discard(self)
+            self._queue = None
         task = self.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -85,16 +71,82 @@ class Keeper:
         return task if task is not None and not task.done() else None
 
 
+_Spawn = Callable[[], "asyncio.Task[None] | None"]
+
+
+class _FirstRenewals:
+    """The keepers whose first renewal comes ``delay`` seconds after their grant, with one loop
+    timer for all of them rather than one per lease.
+
+    They fall due in the order they were granted, so an insertion-ordered dict is a queue
+    whose head is due first, and a lease released before its renewal leaves it in O(1). The
+    timer is left armed when the queue empties (most holds are that short): a hold after it
+    costs a dict entry, not a timer; a timer that finds nothing due re-arms for the head, or
+    drops the queue. A keep-alive started a little early is harmless: it counts its renewals
+    from the grant.
+    """
+
+    __slots__ = ("_due", "_loop", "_timer", "_unused", "delay")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        delay: float,
+        unused: Callable[[_FirstRenewals], None],
+    ) -> None:
+        self._loop = loop
+        self.delay = delay
+        self._due: dict[Keeper, tuple[float, _Spawn]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._unused = unused
+
+    def push(self, keeper: Keeper, granted: float, spawn: _Spawn) -> None:
+        """Start ``keeper``'s task ``spawn()`` ``delay`` after ``granted`` (loop time)."""
+        when = granted + self.delay
+        self._due[keeper] = (when, spawn)
+        keeper._queue = self
+        if self._timer is None:
+            self._timer = self._loop.call_at(when, self._fire)
+
+    def discard(self, keeper: Keeper) -> None:
+        """``keeper``'s lease ended before its first renewal."""
+        self._due.pop(keeper, None)
+
+    def close(self) -> None:
+        """Forget every keeper and the timer (the client is closing)."""
+        self._due.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        due = self._due
+        # Timers may fire a little before their time (uvloop counts in milliseconds).
+        now = self._loop.time() + 0.001
+        while due:
+            keeper = next(iter(due))
+            when, spawn = due[keeper]
+            if when > now:
+                self._timer = self._loop.call_at(when, self._fire)
+                return
+            del due[keeper]
+            keeper._queue = None
+            keeper.task = spawn()
+        self._unused(self)
+
+
 class Supervisor:
     """Runs and owns a client's background tasks (see the module docstring)."""
 
-    __slots__ = ("_backend", "_cleanups", "_failing", "_group")
+    __slots__ = ("_backend", "_cleanups", "_failing", "_first_renewals", "_group")
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._group: asyncio.TaskGroup | None = None
         self._cleanups: set[asyncio.Task[None]] = set()
         self._failing = False  # the last request we could judge by failed (see failed())
+        self._first_renewals: dict[float, _FirstRenewals] = {}  # by delay
 
     @property
     def running(self) -> bool:
@@ -115,6 +167,9 @@ class Supervisor:
     async def stop(self) -> None:
         """Close the task group: wait for every task still running. Cancel keep-alives first."""
         group, self._group = self._group, None
+        for queue in self._first_renewals.values():
+            queue.close()
+        self._first_renewals.clear()
         if group is not None:
             await group.__aexit__(None, None, None)
 
@@ -142,10 +197,20 @@ class Supervisor:
             )
 
         if signal is None:
-            keeper.start_at(loop, started + ttl / RENEWALS_PER_TTL, spawn)
+            delay = ttl / RENEWALS_PER_TTL
+            queue = self._first_renewals.get(delay)
+            if queue is None:
+                queue = self._first_renewals[delay] = _FirstRenewals(
+                    loop, delay, self._drop_first_renewals
+                )
+            queue.push(keeper, started, spawn)
         else:
             keeper.task = spawn()
         return keeper
+
+    def _drop_first_renewals(self, queue: _FirstRenewals) -> None:
+        if self._first_renewals.get(queue.delay) is queue:
+            del self._first_renewals[queue.delay]
 
     async def _keep(
         self,

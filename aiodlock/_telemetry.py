@@ -33,8 +33,11 @@ Example (what the core does around one acquisition)::
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
+from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from .backends._protocol import LockSpec
@@ -89,9 +92,17 @@ class _OTel:
         from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
 
         # Until the application sets a provider, the global ones are proxies: every span and
-        # instrument call would do nothing, at a few microseconds each, on the hot path.
-        self._tracer_provider = trace.get_tracer_provider
-        self._meter_provider = metrics.get_meter_provider
+        # instrument call would do nothing, at a few microseconds each, on the hot path. Even
+        # asking for the provider costs microseconds (the API looks up an environment variable
+        # while none is set), so the global the API keeps is read directly where it exists.
+        self._tracer_provider = _provider_reader(
+            trace, "_TRACER_PROVIDER", trace.get_tracer_provider
+        )
+        self._meter_provider = _provider_reader(
+            importlib.import_module("opentelemetry.metrics._internal"),
+            "_METER_PROVIDER",
+            metrics.get_meter_provider,
+        )
         self._idle_tracers = (ProxyTracerProvider, NoOpTracerProvider)
         self._idle_meters = NoOpMeterProvider
         self.tracer = trace.get_tracer("aiodlock")
@@ -112,16 +123,33 @@ class _OTel:
 
     def tracing(self) -> bool:
         """An application configured a tracer provider (spans go somewhere)."""
-        return not isinstance(self._tracer_provider(), self._idle_tracers)
+        provider = self._tracer_provider()
+        return provider is not None and not isinstance(provider, self._idle_tracers)
 
     def metering(self) -> bool:
         """An application configured a meter provider (measurements go somewhere)."""
         provider = self._meter_provider()
         # The API's proxy meter provider has no public name to test against.
         return not (
-            isinstance(provider, self._idle_meters)
+            provider is None
+            or isinstance(provider, self._idle_meters)
             or type(provider).__name__ == "_ProxyMeterProvider"
         )
+
+
+def _provider_reader(
+    module: ModuleType, name: str, public: Callable[[], object]
+) -> Callable[[], object]:
+    """Read the API's global provider ``module.name`` (None while unset), or call ``public``
+    if this version of the API keeps it elsewhere.
+
+    ``public()`` is called once first: a provider named by an ``OTEL_PYTHON_*_PROVIDER``
+    environment variable is only loaded (and stored in the global) by that call.
+    """
+    public()
+    if not hasattr(module, name):
+        return public
+    return lambda: getattr(module, name)
 
 
 _otel: _OTel | None = None
