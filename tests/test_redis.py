@@ -405,6 +405,47 @@ async def test_a_fair_release_hands_the_lock_to_the_head_of_the_queue(
         assert await raw.get("{fairhand:k}") is None
 
 
+async def test_a_fair_release_wakes_only_the_process_of_the_head(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A fair release publishes its wakeup on the channel of the head's client alone: a
+    process waiting further back hears nothing. (On the lock's shared channel, every release
+    woke every process with a waiter: nine wakeups per grant with ten processes.)"""
+    listener = raw.pubsub()
+    await listener.psubscribe("{fairherd:k}:signal*")
+    async with (
+        aiodlock.connect(redis_url, namespace="fairherd") as a,
+        aiodlock.connect(redis_url, namespace="fairherd") as b,
+        aiodlock.connect(redis_url, namespace="fairherd") as c,
+    ):
+        holder = await a.lock("k", fair=True).acquire()
+        first = asyncio.create_task(b.lock("k", fair=True).acquire(timeout=20))
+        await eventually(lambda: _in_queue(raw, "{fairherd:k}", 1))
+        second = asyncio.create_task(c.lock("k", fair=True).acquire(timeout=20))
+        await eventually(lambda: _in_queue(raw, "{fairherd:k}", 2))
+        await holder.release()
+        lease = await first
+        await lease.release()
+        last = await second
+        await last.release()
+    await raw.publish("{fairherd:k}:signal:end", "end")  # everything before it was heard
+    heard: list[tuple[bytes, bytes]] = []
+    async with asyncio.timeout(10):
+        async for message in listener.listen():
+            if message["type"] != "pmessage":
+                continue
+            if message["channel"] == b"{fairherd:k}:signal:end":
+                break
+            heard.append((message["channel"], message["data"]))
+    await listener.aclose()
+    to_b = [channel for channel, data in heard if data.startswith(lease.owner.encode())]
+    to_c = [channel for channel, data in heard if data.startswith(last.owner.encode())]
+    assert len(to_b) == 1 and len(to_c) == 1, heard
+    assert b"{fairherd:k}:signal" not in (channel for channel, _ in heard)
+    assert to_b[0] != to_c[0]  # one channel per client
+    assert all(channel.startswith(b"{fairherd:k}:signal:") for channel in to_b + to_c)
+
+
 async def _in_queue(raw: aioredis.Redis, lock: str, count: int) -> bool:
     return int(await raw.llen(f"{lock}:queue")) == count
 

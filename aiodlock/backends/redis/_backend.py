@@ -20,7 +20,8 @@ head of the queue; each refused attempt is also the waiter's *heartbeat*, refres
 liveness deadline to now + ttl, and ``retry_after`` is at most ttl/3 so a live waiter never
 misses its deadline. A waiter that stops trying (crashed, partitioned) is purged when its
 deadline passes, so a dead process can stall the queue for one lease at most. A release wakes
-only the new head (its owner id is the pub/sub payload): no thundering herd. In pub/sub mode
+only the new head (its owner id is the pub/sub payload), on its client's channel: no thundering
+herd, and no other process woken to discard the message. In pub/sub mode
 the release hands the lock to the head in the same script (``FAIR_RELEASE``; its wakeup
 carries the fencing token), so the head's grant needs no attempt of its own; a head that
 missed that wakeup finds the key its own at its next attempt (``FAIR_ACQUIRE`` confirms it).
@@ -645,6 +646,7 @@ class RedisBackend:
                     owner,
                     ms,
                     self._mode,
+                    self._client,
                     self._fence_ms,
                     first=first,
                 )
@@ -669,7 +671,7 @@ class RedisBackend:
         self._handed.pop(owner, None)
         self._fair_sent.pop(owner, None)
         if self._hub is not None:
-            self._hub.forget(keys.signal, owner)
+            self._hub.forget(keys.client_signal(self._client), owner)
 
     def _fair_release(self, keys: Keys, owner: str) -> tuple[Any, ...]:
         """What the source runs to release ``owner``'s fair lock or take it off the queue
@@ -696,17 +698,26 @@ class RedisBackend:
     async def _fair_send(
         self, client: aioredis.Redis, keys: Keys, owner: str, ms: int
     ) -> Any:
-        # Pub/sub mode, once a connection is ours: if the lock's channel is live now, a
-        # release that follows this attempt reaches us, and is kept until the waiter joins.
+        # Pub/sub mode, once a connection is ours: if this client's channel for the lock is
+        # live now, a release that follows this attempt reaches us, and is kept until the
+        # waiter joins.
         hub = self._hub
         assert hub is not None
-        live = hub.subscription(keys.signal)
+        channel = keys.client_signal(self._client)
+        live = hub.subscription(channel)
         if live:
-            hub.expect(keys.signal, owner)
+            hub.expect(channel, owner)
             self._rechecks.sent(owner, live)
         self._fair_sent[owner] = asyncio.get_running_loop().time()
         return await self._attempts.run(
-            client, lua.FAIR_ACQUIRE, keys.fair_acquire, owner, ms, self._mode, self._fence_ms
+            client,
+            lua.FAIR_ACQUIRE,
+            keys.fair_acquire,
+            owner,
+            ms,
+            self._mode,
+            self._client,
+            self._fence_ms,
         )
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
@@ -871,7 +882,7 @@ class RedisBackend:
         inner = self._waiter(spec, owner)
         hub = self._hub
         if spec.fair:
-            channel = keys_for(spec.namespace, spec.name).signal
+            channel = keys_for(spec.namespace, spec.name).client_signal(self._client)
             return _ArmedWaiter(
                 inner,
                 partial(self._joined, channel, owner),
@@ -946,8 +957,7 @@ class RedisBackend:
         hub = self._hub
         if hub is not None:
             if kind is Kind.MUTEX:
-                if spec.fair:
-                    return hub.waiter(keys.signal, owner)
+                # Fair waiters too: a release wakes the head on its client's channel.
                 return hub.waiter(keys.client_signal(self._client), owner)
             if kind is Kind.SEMAPHORE:
                 return hub.waiter(keys.sem_signal, owner)

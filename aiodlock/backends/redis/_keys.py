@@ -7,12 +7,13 @@ A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag `
     T:fence          STRING  INCR counter of fencing tokens, all families    (PX = fence_ttl)
     T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
     T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
+    T:qclients       HASH    fair mutex, pub/sub mode: owner -> client id    (PEXPIREAT)
     T:note           STRING  mutex: "OWNER\nNOTE", a holder's note (leader)  (PX = ttl given)
     T:yield          STRING  mutex: client that released it to waiting others (PX 30 ms)
     T:run            STRING  pub/sub mode: client taking a mutex in a run        (PX 10 ms)
     T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
     T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
-    T:signal:CLIENT  pub/sub mode: the mutex channel of one client's waiters
+    T:signal:CLIENT  pub/sub mode: the mutex channel of one client's waiters (fair ones too)
     T:clients        pub/sub mode: ZSET client id -> when it registered, ms  (PEXPIRE)
     T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
     T:writer         STRING  read-write lock: the writer                     (PX = lease)
@@ -119,8 +120,9 @@ class Keys:
         self.yield_ = tag + b":yield"
         self.mutex_acquire = (tag, fence, self.yield_)
         self.mutex_release = (tag, self.signal, self.mutex_waiters, self.yield_)
-        self.fair_acquire = (tag, fence, tag + b":queue", tag + b":qdeadline", self.signal)
-        self.fair_release = (tag, tag + b":queue", tag + b":qdeadline", self.signal, fence)
+        queue, qdeadline, qclients = tag + b":queue", tag + b":qdeadline", tag + b":qclients"
+        self.fair_acquire = (tag, fence, queue, qdeadline, self.signal, qclients)
+        self.fair_release = (tag, queue, qdeadline, self.signal, fence, qclients)
         self.read_acquire = (self.writer, fence, self.readers, self.rsignal, self.rw_waiters)
         self.write_acquire = (self.writer, fence, self.readers)
         self.read_release = (self.readers, self.rw_signal, self.rw_waiters)
@@ -128,7 +130,6 @@ class Keys:
         self.sem_acquire = (self.sem, fence, self.sem_limit)
         self.sem_release = (self.sem, self.sem_signal, self.sem_waiters, self.sem_limit)
         self.sem_renew = (self.sem, self.sem_limit)
-        queue = tag + b":queue"
         self.inspect = (
             tag,
             fence,
@@ -149,7 +150,7 @@ class Keys:
         self.wake_next = (tag, self.clients, self.signal)
         self.mutex_handoff = (tag, fence, self.yield_, self.clients, self.signal, self.run)
         self.break_mutex = (
-            tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients
+            tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients, qclients
         )
         self.break_rw = (
             self.writer,

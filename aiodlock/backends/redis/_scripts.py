@@ -211,15 +211,20 @@ local function notify(key, msg, mode, cap, registry)
 end
 """
 
-# Keep a zset's TTL at its latest member expiry (or its latest fair-waiter deadline).
+# Keep a zset's TTL at its latest member expiry (or its latest fair-waiter deadline), and the
+# TTL of the keys that live as long as it (``...``; false: none); delete those once it is gone.
 _EXPIRE_AT_MAX = """
-local function expire_at_max(zset, other)
+local function expire_at_max(zset, ...)
   local last = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')
   if last[2] then
     redis.call('PEXPIREAT', zset, last[2])
-    if other then redis.call('PEXPIREAT', other, last[2]) end
-  elseif other then
-    redis.call('DEL', other)
+  end
+  for _, other in ipairs({...}) do
+    if other and last[2] then
+      redis.call('PEXPIREAT', other, last[2])
+    elseif other then
+      redis.call('DEL', other)
+    end
   end
 end
 """
@@ -663,26 +668,32 @@ _FAIR = (
     _NOTIFY
     + _EXPIRE_AT_MAX
     + """
--- A fair waiter's BLPOP list is its own: the queue is its registry.
-local function notify_owner(signal, owner, mode)
+-- Wake one fair waiter: ``payload`` (default: its owner id) on the channel of its client (its
+-- client id is in ``qclients``: only that process hears it, not every one with a waiter), or
+-- on the lock's channel for a waiter whose client is not recorded. A fair waiter's BLPOP list
+-- is its own: the queue is its registry.
+local function notify_owner(signal, owner, mode, qclients, payload)
   if mode == 'l' then
     notify(signal .. ':' .. owner, '1', 'l', 1, false)
-  else
-    notify(signal, owner, mode, 1, false)
+    return
   end
+  local client = qclients and redis.call('HGET', qclients, owner)
+  if client then signal = signal .. ':' .. client end
+  notify(signal, payload or owner, mode, 1, false)
 end
 
 -- Drop waiters whose deadline passed (and, in BLPOP mode, their token lists); returns how
 -- many were dropped.
-local function purge(queue, qd, now, signal, mode)
+local function purge(queue, qd, now, signal, mode, qclients)
   local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now)
   for i = 1, #dead do
     redis.call('LREM', queue, 1, dead[i])
+    redis.call('HDEL', qclients, dead[i])
     if mode == 'l' then redis.call('DEL', signal .. ':' .. dead[i]) end
   end
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', qd, '-inf', now)
-    expire_at_max(qd, queue)
+    expire_at_max(qd, queue, qclients)
   end
   return #dead
 end
@@ -694,15 +705,18 @@ FAIR_ACQUIRE: Final = Script(
     + _NOW
     + _FAIR
     + """
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] qdeadline, KEYS[5] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode, ARGV[4] fence ttl ms
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] qdeadline, KEYS[5] signal, KEYS[6]
+-- qclients
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode, ARGV[4] client id, ARGV[5] fence ttl
+-- ms
 -- -> {1, token}
 --  | {0, ms}: min(holder PTTL, the head's remaining deadline, lease/3) -- at most lease/3 so
 --    this heartbeat keeps our place; at most the head's deadline so a dead head is purged
 --    (and its successor let in) as soon as it may be.
 -- Granted only if the lock is free and we are at the head of the queue (or it is empty).
 -- A refused owner is appended once; each attempt refreshes its deadline to now + lease.
-local lock, fence, queue, qd, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fence, queue, qd, signal, qclients = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
 local owner, ttl, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 if redis.call('GET', lock) == owner then
   -- A release handed us the lock (FAIR_RELEASE) and we did not hear it: confirm, and time
@@ -710,7 +724,7 @@ if redis.call('GET', lock) == owner then
   redis.call('PEXPIRE', lock, ttl)
   return {1, tonumber(redis.call('GET', fence)) or next_token(fence, ARGV[#ARGV])}
 end
-local dropped = purge(queue, qd, now, signal, mode)
+local dropped = purge(queue, qd, now, signal, mode, qclients)
 local free = redis.call('EXISTS', lock) == 0
 local head = redis.call('LINDEX', queue, 0)
 if free and (not head or head == owner) then
@@ -718,21 +732,23 @@ if free and (not head or head == owner) then
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', qd, owner)
-    expire_at_max(qd, queue)
+    redis.call('HDEL', qclients, owner)
+    expire_at_max(qd, queue, qclients)
     if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
   end
   return {1, next_token(fence, ARGV[#ARGV])}
 end
 if free and dropped > 0 then
   -- A dead head was just purged: the new head has not been told the lock is free.
-  notify_owner(signal, head, mode)
+  notify_owner(signal, head, mode, qclients)
 end
 if not redis.call('ZSCORE', qd, owner) then
   redis.call('RPUSH', queue, owner)
+  if mode ~= 'l' then redis.call('HSET', qclients, owner, ARGV[4]) end
   if not head then head = owner end
 end
 redis.call('ZADD', qd, now + ttl, owner)
-expire_at_max(qd, queue)
+expire_at_max(qd, queue, qclients)
 local wait = redis.call('PTTL', lock)
 if free or wait < 0 then
   wait = ttl
@@ -756,20 +772,23 @@ FAIR_RELEASE: Final = Script(
     + _NOW
     + _FAIR
     + """
--- KEYS[1] lock, KEYS[2] queue, KEYS[3] qdeadline, KEYS[4] signal, KEYS[5] fence
+-- KEYS[1] lock, KEYS[2] queue, KEYS[3] qdeadline, KEYS[4] signal, KEYS[5] fence, KEYS[6]
+-- qclients
 -- ARGV[1] owner, ARGV[2] notify mode, ARGV[3] 'h': hand the lock over, ARGV[4] fence ttl ms
 -- -> 1 released the lock | 0 did not hold it (a waiter leaving the queue also returns 0)
 -- Doubles as "leave the queue" for a cancelled or timed-out waiter. If the lock ends up
 -- free and the head changed (we released, the head left, or dead heads were purged), the
 -- head -- and only the head -- is woken.
 -- With 'h' (pub/sub mode), a release hands the lock straight to the head: the key names it,
--- the fencing counter moves on, and the wakeup says "HEAD TOKEN", so the head needs no
--- attempt of its own. Its lease ends at its liveness deadline (its last attempt + its ttl),
--- which is no earlier than its client reckons (from that attempt's request); a head that
--- died holds the lock no longer than it would have held its place.
+-- the fencing counter moves on, and the wakeup (on the head's client's channel) says
+-- "HEAD TOKEN", so the head needs no attempt of its own. Its lease ends at its liveness
+-- deadline (its last attempt + its ttl), which is no earlier than its client reckons (from
+-- that attempt's request); a head that died holds the lock no longer than it would have held
+-- its place.
 local lock, queue, qd, signal, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local qclients = KEYS[6]
 local owner, mode = ARGV[1], ARGV[2]
-local changed = purge(queue, qd, now, signal, mode) > 0
+local changed = purge(queue, qd, now, signal, mode, qclients) > 0
 local released = 0
 if redis.call('GET', lock) == owner then
   redis.call('DEL', lock)
@@ -778,7 +797,8 @@ if redis.call('GET', lock) == owner then
 elseif redis.call('ZREM', qd, owner) == 1 then
   if redis.call('LINDEX', queue, 0) == owner then changed = true end
   redis.call('LREM', queue, 1, owner)
-  expire_at_max(qd, queue)
+  redis.call('HDEL', qclients, owner)
+  expire_at_max(qd, queue, qclients)
   if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
 end
 if changed and redis.call('EXISTS', lock) == 0 then
@@ -789,11 +809,12 @@ if changed and redis.call('EXISTS', lock) == 0 then
     redis.call('SET', lock, head, 'PX', math.max(math.floor(tonumber(deadline) - now), 1))
     redis.call('LPOP', queue)
     redis.call('ZREM', qd, head)
-    expire_at_max(qd, queue)
     local token = next_token(fence, ARGV[4])
-    notify(signal, head .. ' ' .. string.format('%.0f', token), mode, 1, false)
+    notify_owner(signal, head, mode, qclients, head .. ' ' .. string.format('%.0f', token))
+    redis.call('HDEL', qclients, head)
+    expire_at_max(qd, queue, qclients)
   elseif head then
-    notify_owner(signal, head, mode)
+    notify_owner(signal, head, mode, qclients)
   end
 end
 return released
@@ -880,7 +901,7 @@ BREAK: Final = Script(
     + _FAIR
     + """
 -- KEYS[1] family ('m' mutex, 'rw' read-write, 's' semaphore) is in ARGV[1], and the keys are:
---   m:  lock, fence, note, signal, waiters, queue, [clients]
+--   m:  lock, fence, note, signal, waiters, queue, clients, qclients
 --   rw: writer, fence, readers, signal, rsignal, waiters
 --   s:  sem, fence, sem limit, signal, waiters
 -- ARGV[1] family, ARGV[2] notify mode, ARGV[3] fence ttl ms
@@ -895,7 +916,7 @@ if family == 'm' then
   redis.call('DEL', KEYS[3])
   if dropped > 0 then
     local head = redis.call('LINDEX', KEYS[6], 0)
-    if head then notify_owner(KEYS[4], head, mode) end
+    if head then notify_owner(KEYS[4], head, mode, KEYS[8]) end
     notify(KEYS[4], '*', mode, 1, KEYS[5])
   end
   if KEYS[7] then
