@@ -437,7 +437,7 @@ async def test_a_fair_release_wakes_only_the_process_of_the_head(
             if message["channel"] == b"{fairherd:k}:signal:end":
                 break
             heard.append((message["channel"], message["data"]))
-    await listener.aclose()
+    await listener.aclose()  # type: ignore[no-untyped-call]
     to_b = [channel for channel, data in heard if data.startswith(lease.owner.encode())]
     to_c = [channel for channel, data in heard if data.startswith(last.owner.encode())]
     assert len(to_b) == 1 and len(to_c) == 1, heard
