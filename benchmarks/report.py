@@ -181,7 +181,7 @@ def _contended(doc: Doc, backend: str) -> str:
     for r in rows:
         m = r["median"]
         if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", "", "", ""])
+            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", "", "", "", ""])
             continue
         stall = " (stalled)" if m.get("stalled") else ""
         spread = ""
@@ -189,9 +189,11 @@ def _contended(doc: Doc, backend: str) -> str:
             spread = f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}"
         lines.append([_label(doc, r), r["loop"], _f(m["throughput"], 0) + stall,
                       _f(m["efficiency"] * 100, 0, " %"), _f(m.get("hold_mean", math.nan), 2),
+                      _f(m.get("handover_p50", math.nan), 3),
                       _f(m["wait_p50"], 1), _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
                       str(int(m["violations"])) if m.get("violations") else "0"])  # fmt: skip
-    return _table(["library", "loop", "grants/s", "efficiency", "hold ms", "wait p50 ms",
+    return _table(["library", "loop", "grants/s", "efficiency", "hold ms", "handover p50 ms",
+                   "wait p50 ms",
                    "wait p99 ms", "wait max ms", "grants per process", "overlaps"],
                   lines)  # fmt: skip
 
@@ -320,8 +322,11 @@ def markdown(doc: Doc) -> str:
         "`sleep(1 ms)` and the event loop allow on this machine. *Hold* is how long that "
         "`sleep` really took inside the lock (mean): asyncio's selector waits in whole "
         "milliseconds, so a library whose replies wake the loop during the sleep stretches "
-        "it (the rest is rounded up to 1 ms), while uvloop's timers may fire early; compare "
-        "grants/s together with it. *Wait* is the time from "
+        "it (the rest is rounded up to 1 ms), and so does its CPU work run in the same loop "
+        "step as the sleep began, while uvloop's timers may fire early; compare "
+        "grants/s together with it. *Handover* is the lock's idle time per grant, from one "
+        "holder's end to the next holder's grant (median): what the library itself costs a "
+        "contended lock. *Wait* is the time from "
         "asking to being granted, per acquisition: a low p50 with a huge p99/max means one "
         "worker keeps re-taking the lock while others starve (non-fair barging); when one "
         "worker takes nearly every grant, even the p99 stays low and only the max shows the "

@@ -158,7 +158,7 @@ async def _member(job: Job) -> dict[str, object]:
         print("ready", flush=True)
         start, duration = map(float, (await asyncio.to_thread(sys.stdin.readline)).split())
         kw = {"workers": 1, "duration": duration, "section": job["section"], "ttl": job["ttl"],
-              "start": start, "record_holds": True}  # fmt: skip
+              "start": start}  # fmt: skip
         if isinstance(a, AsyncAdapter):
             tally = await contended.run_async(a, job["name"], **kw)
         else:  # a blocking library: its one worker is a thread, as in its own cells
