@@ -639,17 +639,7 @@ class RedisBackend:
         hub = self._hub
         if hub is None:
             reply = await wait_outcome(
-                source.submit(
-                    self._attempts.run,
-                    lua.FAIR_ACQUIRE,
-                    keys.fair_acquire,
-                    owner,
-                    ms,
-                    self._mode,
-                    self._client,
-                    self._fence_ms,
-                    first=first,
-                )
+                source.submit(self._attempts.run, *self._fair_acquire(keys, owner, ms), first=first)
             )
             return Grant(reply[1]) if reply[0] == 1 else _busy(reply[1])
         try:
@@ -672,6 +662,18 @@ class RedisBackend:
         self._fair_sent.pop(owner, None)
         if self._hub is not None:
             self._hub.forget(keys.client_signal(self._client), owner)
+
+    def _fair_acquire(self, keys: Keys, owner: str, ms: int) -> tuple[Any, ...]:
+        """What ``_Attempts.run`` takes to run ``owner``'s fair attempt (``FAIR_ACQUIRE``)."""
+        return (
+            lua.FAIR_ACQUIRE,
+            keys.fair_acquire,
+            owner,
+            ms,
+            self._mode,
+            self._client,
+            self._fence_ms,
+        )
 
     def _fair_release(self, keys: Keys, owner: str) -> tuple[Any, ...]:
         """What the source runs to release ``owner``'s fair lock or take it off the queue
@@ -709,16 +711,7 @@ class RedisBackend:
             hub.expect(channel, owner)
             self._rechecks.sent(owner, live)
         self._fair_sent[owner] = asyncio.get_running_loop().time()
-        return await self._attempts.run(
-            client,
-            lua.FAIR_ACQUIRE,
-            keys.fair_acquire,
-            owner,
-            ms,
-            self._mode,
-            self._client,
-            self._fence_ms,
-        )
+        return await self._attempts.run(client, *self._fair_acquire(keys, owner, ms))
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release-if-owner (also: leave the fair queue); notifies waiters.
