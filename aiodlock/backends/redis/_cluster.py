@@ -110,6 +110,22 @@ class ClusterSource(NodeSource):
         # The cluster client routes each command to its master's pool.
         return shared
 
+    async def aclose(self) -> None:
+        """:meth:`NodeSource.aclose`, then wait (bounded) for the disconnects redis-py runs in
+        tasks of its own: a master that left the slot map (a failover) is dropped with its
+        idle connections closing in the background, and one still open when the event loop
+        ends is left to the GC (an unraisable ``ResourceWarning``)."""
+        client = self._client
+        await super().aclose()
+        if client is None:
+            return
+        manager = cast(RedisCluster, client).nodes_manager
+        pending = set(getattr(manager, "_background_tasks", ()))
+        for node in manager.nodes_cache.values():
+            pending.update(getattr(node, "_background_tasks", ()))
+        if pending:
+            await asyncio.wait(pending, timeout=self.connect_timeout)
+
     @property
     def cluster(self) -> RedisCluster:
         """The command client (``BackendError`` before :meth:`open` and once closed)."""
