@@ -120,8 +120,7 @@ async def _take_turn(
         async with asyncio.timeout_at(deadline):
             await turn.acquire()
     except TimeoutError:
-        counters.timeouts += 1
-        raise LockTimeoutError(f"could not acquire {spec.describe()} within {timeout} s") from None
+        raise _timed_out(spec, timeout, counters) from None
     finally:
         counters.waiting -= 1
 
@@ -157,10 +156,7 @@ async def _contend(
                 if deadline is not None:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
-                        counters.timeouts += 1
-                        raise LockTimeoutError(
-                            f"could not acquire {spec.describe()} within {timeout} s"
-                        )
+                        raise _timed_out(spec, timeout, counters)
                     wait_for = remaining if wait_for is None else min(wait_for, remaining)
                 await waiter.wait(wait_for)
     except BaseException:
@@ -173,6 +169,14 @@ async def _contend(
         counters.waiting -= 1
     counters.acquired += 1
     return Granted(owner, granted.fencing_token, sent)
+
+
+def _timed_out(
+    spec: LockSpec, timeout: float | None, counters: AcquireCounters
+) -> LockTimeoutError:
+    """Count a wait that gave up, and the error it raises."""
+    counters.timeouts += 1
+    return LockTimeoutError(f"could not acquire {spec.describe()} within {timeout} s")
 
 
 async def _attempt(
