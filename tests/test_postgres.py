@@ -377,7 +377,9 @@ async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
     """While a task of a client holds a mutex, its session has the lock: the attempts of the
     client's other tasks are refused by the client itself, unsent, and a waiting task waits on
     the server at once. A holder whose session the server ended refuses nobody."""
-    async with connect(postgres_url, ns) as a:
+    # fence_ttl=0: no janitor sweep, whose statement (due after a client's first grant, on a
+    # connection it may still be opening) would be a statement of this client in the window.
+    async with connect(postgres_url, ns, fence_ttl=0) as a:
         holder = await a.lock("own").acquire()
         before = await _last_statement_start(probe)
         assert await a.lock("own").try_acquire() is None
