@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..config import FULL
 from .base import AsyncAdapter, Endpoint, SyncAdapter
 
 __all__ = ["LIBRARIES", "Library", "by_key"]
@@ -148,6 +149,12 @@ LIBRARIES: tuple[Library, ...] = (
     # ------------------------------------------------------------------ no server
     Library("asyncio-lock", "asyncio.Lock, in process (ceiling)", "none", "reference",
             "reference", "LocalLockAdapter", True, ("contended",), ()),
+    Library("fenced-asyncio-lock", "asyncio.Lock + one INCR per grant (ceiling of a fencing "
+            "lock)", "redis", "reference", "reference", "FencedLocalLock", True, ("contended",),
+            ("redis", "hiredis")),
+    Library("pubsub-baton", "baton passed round the processes by PUBLISH (ceiling of a "
+            "one-message handover)", "redis", "reference", "reference", "PubSubBaton", True,
+            ("contended_procs",), ("redis", "hiredis"), {"members": str(FULL.workers)}),
 )  # fmt: skip
 
 

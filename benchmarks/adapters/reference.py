@@ -1,18 +1,29 @@
-"""The in-process ceiling: ``asyncio.Lock`` (no server, no network).
-
-With a 1 ms critical section the ideal is 1000 grants/s; what ``asyncio.sleep(0.001)`` and the
-loop cost on this machine keeps even this below that. Reported beside the libraries so the
+"""Ceilings: what no lock can beat on this machine, reported beside the libraries so that the
 contended efficiencies can be read against what is reachable here.
+
+- ``asyncio.Lock`` (no server, no network): with a 1 ms critical section the ideal is 1000
+  grants/s; what ``asyncio.sleep(0.001)`` and the loop cost keeps even this below that.
+- ``asyncio.Lock`` plus one Redis round trip per grant (``INCR`` of a token, raw connection, as
+  the raw floor sends commands): a lock that gives every grant a fencing token must ask the
+  server once per grant, so this is the in-process ceiling of any such lock.
+- A baton passed round a ring of processes by ``PUBLISH`` (each member waits on its own
+  channel, holds the baton for the section, publishes it to the next): one message per
+  handover and no lock state at all, so this is the cross-process ceiling of a fair lock that
+  hands over with one message. Members number themselves (``INCR`` of a counter: consecutive
+  numbers modulo the ring's size, so one run's members are each a different place) and member
+  0 starts with the baton. It is only measured as processes: each member is one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
-from .base import AsyncAdapter
+from .base import AsyncAdapter, Endpoint
 
-__all__ = ["LocalLockAdapter"]
+__all__ = ["FencedLocalLock", "LocalLockAdapter", "PubSubBaton"]
 
 
 class LocalLockAdapter(AsyncAdapter):
@@ -26,3 +37,93 @@ class LocalLockAdapter(AsyncAdapter):
 
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
         return self._locks.setdefault(name, asyncio.Lock())
+
+
+async def _raw_redis(endpoint: Endpoint) -> Any:
+    """A client set up as the raw floor's (RESP2, no retries, one kept connection)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    client = aioredis.Redis(
+        host=endpoint.host, port=endpoint.port, protocol=2,
+        retry=Retry(NoBackoff(), 0), single_connection_client=True,
+    )  # fmt: skip
+    await client.ping()
+    return client
+
+
+async def _execute(client: Any, *command: Any) -> Any:
+    from hiredis import pack_command
+
+    conn = client.connection
+    await conn.send_packed_command(pack_command(command), check_health=False)
+    return await conn.read_response()
+
+
+class FencedLocalLock(AsyncAdapter):
+    backend = "redis"
+
+    def __init__(self, endpoint: Endpoint, **_: object) -> None:
+        super().__init__(endpoint)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._redis: Any = None
+
+    async def open(self) -> None:
+        self._redis = await _raw_redis(self.endpoint)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold(self._locks.setdefault(name, asyncio.Lock()), name)
+
+    @asynccontextmanager
+    async def _hold(self, lock: asyncio.Lock, name: str) -> AsyncIterator[object]:
+        async with lock:
+            yield await _execute(self._redis, "INCR", f"{name}:token")
+
+
+class PubSubBaton(AsyncAdapter):
+    backend = "redis"
+
+    def __init__(self, endpoint: Endpoint, *, members: str = "10", **_: object) -> None:
+        super().__init__(endpoint)
+        self._members = int(members)
+        self._redis: Any = None
+        self._listener: Any = None
+        self._place = 0
+        self._has_baton = False
+
+    async def open(self) -> None:
+        self._redis = await _raw_redis(self.endpoint)
+        number = await _execute(self._redis, "INCR", "baton:members")
+        self._place = (number - 1) % self._members
+        self._has_baton = self._place == 0
+        # A connection of its own, read directly (as aiodlock's pub/sub hub reads its own).
+        self._listener = await _raw_redis(self.endpoint)
+        await _execute(self._listener, "SUBSCRIBE", self._channel(self._place))
+
+    async def close(self) -> None:
+        for client in (self._listener, self._redis):
+            if client is not None:
+                await client.aclose()
+
+    def _channel(self, place: int) -> str:
+        return f"baton:{place}"
+
+    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        return self._hold()
+
+    @asynccontextmanager
+    async def _hold(self) -> AsyncIterator[object]:
+        if not self._has_baton:
+            await self._listener.connection.read_response()  # the only message: the baton
+            self._has_baton = True
+        try:
+            yield self._place
+        finally:
+            self._has_baton = False
+            following = self._channel((self._place + 1) % self._members)
+            await _execute(self._redis, "PUBLISH", following, "baton")
