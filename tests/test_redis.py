@@ -243,6 +243,30 @@ async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
         assert await raw.get("{heldhere:k}") is None
 
 
+async def test_a_blpop_release_knows_a_waiter_of_its_own_client_as_its_registration_is_sent(
+    redis_url: str, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BLPOP mode: a release that the server runs after a waiter's registration, before its
+    client has read the reply, must not take that waiter for another client's and stay out
+    for the courtesy: the waiter would be refused by its own client's yield for 30 ms."""
+    async with aiodlock.connect(redis_url, namespace="armrace", wakeup="blpop") as locks:
+        holder = await locks.lock("k", ttl=30).acquire()
+        scripts = type(locks.backend._signals._commands)  # type: ignore[attr-defined]
+        arm = scripts.arm_waiter
+        yielded: list[int] = []
+
+        async def arm_then_release(self: object, registry: bytes, owner: str) -> None:
+            await arm(self, registry, owner)
+            await holder.release()  # while the waiter's registration is still under way
+            yielded.append(await raw.exists("{armrace:k}:yield"))
+
+        monkeypatch.setattr(scripts, "arm_waiter", arm_then_release)
+        lease = await locks.lock("k", ttl=30).acquire(timeout=20)
+        assert yielded == [0]
+        assert lease.fencing_token > holder.fencing_token
+        await lease.release()
+
+
 async def test_a_handoff_yields_to_a_client_that_waited_longer(
     redis_url: str, raw: aioredis.Redis
 ) -> None:

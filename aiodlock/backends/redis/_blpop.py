@@ -110,7 +110,11 @@ class BlockingSignals:
         self.woken_readers: set[str] = set()
         """Owners of readers that took a token: their next attempt passes one on."""
         self.registered: Counter[bytes] = Counter()
-        """Our waiters registered now, per registry (a release tells them from others')."""
+        """Our waiters that may be registered now, per registry (a release tells them from
+        others'): counted from the moment their registration is sent until they are granted
+        (the grant deregisters them) or their deregistration has run. A waiter of ours that the
+        server counts and we do not would pass for another client's, and our release would stay
+        out for the courtesy (``MUTEX_RELEASE``) -- refusing that very waiter for 30 ms."""
 
     def waiter(
         self,
@@ -234,16 +238,15 @@ class BlpopWaiter:
         if sigs.closed:
             raise BackendError(f"the redis backend for {sigs._where} is closed")
         if self._registry is not None:
+            sigs.registered[self._registry] += 1
             try:
                 await sigs._commands.arm_waiter(self._registry, self._owner)
             except BaseException:
                 # Cancelled or failed with the ZADD maybe applied: undo it in the background.
-                self._spawn_leave()
+                self._spawn_leave(counted=True)
                 raise
         self._entered = True
         sigs.waiters += 1
-        if self._registry is not None:
-            sigs.registered[self._registry] += 1
         return self
 
     async def __aexit__(
@@ -257,10 +260,9 @@ class BlpopWaiter:
         self._entered = False
         sigs = self._sigs
         sigs.waiters -= 1
-        if self._registry is not None:
-            sigs.registered[self._registry] -= 1
-            if not sigs.registered[self._registry]:
-                del sigs.registered[self._registry]
+        granted = exc_type is None  # the core leaves its waiter normally only once granted
+        if granted:
+            self._uncount()
         if self._reader:
             sigs.woken_readers.discard(self._owner)
         # A token we took and will not use (banked, or cancelled before the re-check): the
@@ -277,7 +279,7 @@ class BlpopWaiter:
             # else: let it run out; a token it pops now is handed back (see _on_token).
         if give_back:
             sigs._give_back(self._key, self._registry, self._cap)
-        leave = self._spawn_leave(after=read)
+        leave = self._spawn_leave(after=read, counted=not granted)
         if leave is not None and exc_type is not None:
             # Leaving without the lock: wait for the deregistration (shielded, so a second
             # cancellation cannot skip it) so that nothing of ours is left once we are out.
@@ -285,18 +287,38 @@ class BlpopWaiter:
             # _LEAVE_ON_GRANT), and an await after a grant could turn into a lost lease.
             await asyncio.shield(leave)
 
-    def _spawn_leave(self, after: asyncio.Task[None] | None = None) -> asyncio.Task[None] | None:
+    def _spawn_leave(
+        self, after: asyncio.Task[None] | None = None, *, counted: bool = False
+    ) -> asyncio.Task[None] | None:
+        """Deregister in the background (``counted``: then stop counting us as registered)."""
         if self._registry is None:
             return None
-        return self._sigs._clean_up(self._leave(after))
+        task = self._sigs._clean_up(self._leave(after, counted))
+        if task is None and counted:
+            self._uncount()  # closing: nothing is sent any more
+        return task
 
-    async def _leave(self, after: asyncio.Task[None] | None) -> None:
+    async def _leave(self, after: asyncio.Task[None] | None, counted: bool) -> None:
         # The BLPOP task pipelines a refresh (ZADD XX, PEXPIRE) before each BLPOP on its own
         # connection. XX makes a refresh that Redis runs after this deregistration harmless;
         # waiting for the task still keeps the common case in order, and its token accounted.
-        if after is not None:
-            await asyncio.wait((after,))
-        await self._sigs._commands.leave_waiter(self._registry or b"", self._lists, self._owner)
+        try:
+            if after is not None:
+                await asyncio.wait((after,))
+            await self._sigs._commands.leave_waiter(
+                self._registry or b"", self._lists, self._owner
+            )
+        finally:
+            if counted:
+                self._uncount()
+
+    def _uncount(self) -> None:
+        registered = self._sigs.registered
+        registry = self._registry
+        if registry is not None:
+            registered[registry] -= 1
+            if not registered[registry]:
+                del registered[registry]
 
     async def wait(self, timeout: float | None) -> None:
         """Return when a token was taken (or one is banked), or after ``timeout`` seconds."""
