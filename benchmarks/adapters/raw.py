@@ -50,6 +50,30 @@ class NotFreeError(RuntimeError):
     """The raw floor found the lock taken: it does not wait."""
 
 
+def redis_client(endpoint: Endpoint) -> Any:
+    """A client set up as aiodlock sets one up: RESP2, no retries, one kept connection."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return aioredis.Redis(
+        host=endpoint.host, port=endpoint.port, protocol=2,
+        retry=Retry(NoBackoff(), 0), single_connection_client=True,
+    )  # fmt: skip
+
+
+async def execute(client: Any, *command: Any) -> Any:
+    """``command`` packed by hiredis, written straight to the client's kept connection, its
+    reply read from it (on a Cluster or Sentinel client: through ``execute_command``)."""
+    conn = getattr(client, "connection", None)
+    if conn is None:
+        return await client.execute_command(*command)
+    from hiredis import pack_command
+
+    await conn.send_packed_command(pack_command(command), check_health=False)
+    return await conn.read_response()
+
+
 class RawRedis(AsyncAdapter):
     backend = "redis"
 
@@ -59,14 +83,7 @@ class RawRedis(AsyncAdapter):
         self._sha = ""
 
     async def open(self) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        self._redis = aioredis.Redis(
-            host=self.endpoint.host, port=self.endpoint.port, protocol=2,
-            retry=Retry(NoBackoff(), 0), single_connection_client=True,
-        )  # fmt: skip
+        self._redis = redis_client(self.endpoint)
         self._sha = await self._redis.script_load(COMPARE_AND_DELETE)
 
     async def close(self) -> None:
@@ -76,25 +93,16 @@ class RawRedis(AsyncAdapter):
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
         return self._hold(name, max(1, math.ceil(ttl * 1000)))
 
-    async def _execute(self, *command: Any) -> Any:
-        conn = getattr(self._redis, "connection", None)
-        if conn is None:  # Cluster, Sentinel: through the client
-            return await self._redis.execute_command(*command)
-        from hiredis import pack_command
-
-        await conn.send_packed_command(pack_command(command), check_health=False)
-        return await conn.read_response()
-
     @asynccontextmanager
     async def _hold(self, name: str, ms: int) -> AsyncIterator[object]:
         token = secrets.token_hex(12)
-        execute = self._execute
-        if not await execute("SET", name, token, "NX", "PX", ms):
+        client = self._redis
+        if not await execute(client, "SET", name, token, "NX", "PX", ms):
             raise NotFreeError(name)
         try:
             yield token
         finally:
-            await execute("EVALSHA", self._sha, 1, name, token)
+            await execute(client, "EVALSHA", self._sha, 1, name, token)
 
     def server_key(self, name: str) -> str | None:
         return name

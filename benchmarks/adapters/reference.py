@@ -22,6 +22,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from .base import AsyncAdapter, Endpoint
+from .raw import execute, redis_client
 
 __all__ = ["FencedLocalLock", "LocalLockAdapter", "PubSubBaton"]
 
@@ -39,28 +40,6 @@ class LocalLockAdapter(AsyncAdapter):
         return self._locks.setdefault(name, asyncio.Lock())
 
 
-async def _raw_redis(endpoint: Endpoint) -> Any:
-    """A client set up as the raw floor's (RESP2, no retries, one kept connection)."""
-    import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    client = aioredis.Redis(
-        host=endpoint.host, port=endpoint.port, protocol=2,
-        retry=Retry(NoBackoff(), 0), single_connection_client=True,
-    )  # fmt: skip
-    await client.ping()
-    return client
-
-
-async def _execute(client: Any, *command: Any) -> Any:
-    from hiredis import pack_command
-
-    conn = client.connection
-    await conn.send_packed_command(pack_command(command), check_health=False)
-    return await conn.read_response()
-
-
 class FencedLocalLock(AsyncAdapter):
     backend = "redis"
 
@@ -70,7 +49,7 @@ class FencedLocalLock(AsyncAdapter):
         self._redis: Any = None
 
     async def open(self) -> None:
-        self._redis = await _raw_redis(self.endpoint)
+        self._redis = await redis_client(self.endpoint).initialize()  # its connection, now
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -82,7 +61,7 @@ class FencedLocalLock(AsyncAdapter):
     @asynccontextmanager
     async def _hold(self, lock: asyncio.Lock, name: str) -> AsyncIterator[object]:
         async with lock:
-            yield await _execute(self._redis, "INCR", f"{name}:token")
+            yield await execute(self._redis, "INCR", f"{name}:token")
 
 
 class PubSubBaton(AsyncAdapter):
@@ -97,13 +76,13 @@ class PubSubBaton(AsyncAdapter):
         self._has_baton = False
 
     async def open(self) -> None:
-        self._redis = await _raw_redis(self.endpoint)
-        number = await _execute(self._redis, "INCR", "baton:members")
+        self._redis = await redis_client(self.endpoint).initialize()  # its connection, now
+        number = await execute(self._redis, "INCR", "baton:members")
         self._place = (number - 1) % self._members
         self._has_baton = self._place == 0
         # A connection of its own, read directly (as aiodlock's pub/sub hub reads its own).
-        self._listener = await _raw_redis(self.endpoint)
-        await _execute(self._listener, "SUBSCRIBE", self._channel(self._place))
+        self._listener = await redis_client(self.endpoint).initialize()
+        await execute(self._listener, "SUBSCRIBE", self._channel(self._place))
 
     async def close(self) -> None:
         for client in (self._listener, self._redis):
@@ -126,4 +105,4 @@ class PubSubBaton(AsyncAdapter):
         finally:
             self._has_baton = False
             following = self._channel((self._place + 1) % self._members)
-            await _execute(self._redis, "PUBLISH", following, "baton")
+            await execute(self._redis, "PUBLISH", following, "baton")
