@@ -30,7 +30,7 @@ from typing import Any, Final
 from ._exceptions import LockLostError
 from ._lease import LeaseState
 from ._watchdog import RENEWALS_PER_TTL, keep_alive
-from .backends._protocol import Backend, LockSpec
+from .backends._protocol import Backend, LockSpec, LossSignal
 
 __all__ = ["RELEASE_TIMEOUT", "Keeper", "Supervisor", "logger"]
 
@@ -47,17 +47,32 @@ class Keeper:
 
     Most holds end long before their first renewal (ttl/3), so the task of the supervisor's
     group is only started when there is work for it. A lease whose backend signals losses (a
-    session backend) gets its task at once: the signal must be watched from the grant on.
+    session backend) is watched from the grant on: through a callback on its
+    :class:`~aiodlock.backends.LossSignal`, which starts the task the moment the loss is
+    signalled; a plain :class:`asyncio.Event` gets its task at once.
     """
 
-    __slots__ = ("_queue", "task")
+    __slots__ = ("_queue", "_signal", "task")
 
     def __init__(self) -> None:
         self._queue: _FirstRenewals | None = None
+        self._signal: LossSignal | None = None
         self.task: asyncio.Task[None] | None = None
+
+    def watch(self, signal: LossSignal) -> None:
+        """Start the task as soon as ``signal`` is set, if it has not started by then."""
+        self._signal = signal
+        signal.add_callback(self._start_now)
+
+    def _start_now(self) -> None:
+        if self._queue is not None:
+            self._queue.start_now(self)
 
     def cancel(self) -> None:
         """Stop keeping the lease (a keep-alive reporting its own loss is left to finish)."""
+        if self._signal is not None:
+            self._signal.remove_callback(self._start_now)
+            self._signal = None
         if self._queue is not None:
             self._queue.discard(self)
             self._queue = None
@@ -111,6 +126,13 @@ class _FirstRenewals:
     def discard(self, keeper: Keeper) -> None:
         """``keeper``'s lease ended before its first renewal."""
         self._due.pop(keeper, None)
+
+    def start_now(self, keeper: Keeper) -> None:
+        """Start ``keeper``'s task now (its lease's loss was signalled)."""
+        entry = self._due.pop(keeper, None)
+        keeper._queue = None
+        if entry is not None:
+            keeper.task = entry[1]()
 
     def close(self) -> None:
         """Forget every keeper and the timer (the client is closing)."""
@@ -196,16 +218,22 @@ class Supervisor:
                 name=f"aiodlock-keepalive-{state.spec.name}",
             )
 
-        if signal is None:
-            delay = ttl / RENEWALS_PER_TTL
-            queue = self._first_renewals.get(delay)
-            if queue is None:
-                queue = self._first_renewals[delay] = _FirstRenewals(
-                    loop, delay, self._drop_first_renewals
-                )
-            queue.push(keeper, started, spawn)
-        else:
+        delay = ttl / RENEWALS_PER_TTL
+        if signal is not None and (
+            not isinstance(signal, LossSignal) or state.valid_until < started + delay
+        ):
+            # An Event without callbacks, or a session whose deadline comes before the first
+            # renewal: the task watches it from the grant on.
             keeper.task = spawn()
+            return keeper
+        queue = self._first_renewals.get(delay)
+        if queue is None:
+            queue = self._first_renewals[delay] = _FirstRenewals(
+                loop, delay, self._drop_first_renewals
+            )
+        queue.push(keeper, started, spawn)
+        if signal is not None:
+            keeper.watch(signal)  # after push: a signal set already starts the task at once
         return keeper
 
     def _drop_first_renewals(self, queue: _FirstRenewals) -> None:

@@ -36,6 +36,8 @@ The contract, per method:
     For a lease held by ``owner``: an :class:`asyncio.Event` the backend sets the moment it
     knows the lease is gone (session expired, connection dropped), so the watchdog reacts at
     once instead of at the next ``renew``; ``None`` if only ``renew`` can tell (TTL backends).
+    Make it a :class:`LossSignal` (an Event that also calls back): the core then watches the
+    lease with a callback until its first renewal is due, not with a task per grant.
 
 ``session_deadline(spec, owner)``
     For a lease held by ``owner`` on a backend that declares ``SESSION_LEASE``: the event-loop
@@ -79,7 +81,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -95,10 +97,51 @@ __all__ = [
     "Kind",
     "LockInfo",
     "LockSpec",
+    "LossSignal",
     "Noticeboard",
     "Settler",
     "Waiter",
 ]
+
+
+class LossSignal(asyncio.Event):
+    """The event :meth:`Backend.loss_signal` returns: set once, the moment the lease is lost.
+
+    Besides being awaited, it calls back: until a lease's first renewal is due (most holds
+    end before), the core watches it with :meth:`add_callback` rather than a task per grant.
+    A callback runs inside :meth:`set`, once; added to a signal already set, it runs at once.
+
+    Example::
+
+        signal = LossSignal()
+        signal.add_callback(lambda: print("lost"))
+        signal.set()  # prints "lost"; signal.is_set() is True, as for any Event
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the signal is set (now, if it is set already)."""
+        if self.is_set():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def remove_callback(self, callback: Callable[[], None]) -> None:
+        """Forget ``callback`` (nothing happens if it is not registered)."""
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def set(self) -> None:
+        """Set the signal: wake its waiters, then run its callbacks (first call only)."""
+        if self.is_set():
+            return
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class Capability(enum.Enum):

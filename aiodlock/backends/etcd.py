@@ -94,7 +94,17 @@ from .._exceptions import BackendError, LimitMismatchError
 from .._url import ParsedURL
 from .._validate import check_seconds
 from ._etcd_conn import EtcdConnection, WatchStream, prefix_end
-from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
+from ._protocol import (
+    Busy,
+    Capability,
+    Grant,
+    HolderInfo,
+    Kind,
+    LockInfo,
+    LockSpec,
+    LossSignal,
+    Waiter,
+)
 from ._tls import TLS_OPTIONS
 from ._wakeup import BankedWakeup
 
@@ -288,7 +298,7 @@ class _Entry:
         self.token = 0
         self.held = False
         self.lost: str | None = None
-        self.lost_event = asyncio.Event()
+        self.lost_event = LossSignal()
         self.lock = asyncio.Lock()
         self.reaper: asyncio.TimerHandle | None = None
         self.verdict: _Verdict | None = None

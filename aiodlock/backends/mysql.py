@@ -83,7 +83,17 @@ from .._validate import check_seconds
 from ._local_holders import LocalHolders
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
-from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
+from ._protocol import (
+    Busy,
+    Capability,
+    Grant,
+    HolderInfo,
+    Kind,
+    LockInfo,
+    LockSpec,
+    LossSignal,
+    Waiter,
+)
 from ._tls import TLS_OPTIONS, tls_context
 
 if TYPE_CHECKING:
@@ -534,7 +544,7 @@ class MySQLBackend:
         acq.granted = True
         if spec.kind is Kind.MUTEX and acq.held is not None:
             self._holders.hold(acq.held, acq)
-        acq.event = acq.conn.lease_event = asyncio.Event()
+        acq.event = acq.conn.lease_event = LossSignal()
         if acq.conn.peer_closed:  # the server hung up right after the fencing bump
             acq.event.set()
         return Grant(token, sent)

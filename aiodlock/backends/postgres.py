@@ -76,7 +76,17 @@ from .._validate import check_seconds
 from ._local_holders import LocalHolders
 from ._pg_conn import DRIVER_ERRORS, LOCK_TIMEOUT, Conn, ConnectSettings, sqlstate
 from ._pg_keys import advisory_key, check_table_name, fence_key, split_key
-from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
+from ._protocol import (
+    Busy,
+    Capability,
+    Grant,
+    HolderInfo,
+    Kind,
+    LockInfo,
+    LockSpec,
+    LossSignal,
+    Waiter,
+)
 
 if TYPE_CHECKING:
     from .._url import ParsedURL
@@ -618,7 +628,7 @@ class PostgresBackend:
         acq.granted = True
         if spec.kind is Kind.MUTEX and acq.held is not None:
             self._holders.hold(acq.held.key, acq)
-        acq.event = conn.lease_event = asyncio.Event()
+        acq.event = conn.lease_event = LossSignal()
         if conn.peer_closed:  # the server hung up right after the grant
             acq.event.set()
         self._maybe_sweep()
