@@ -437,6 +437,43 @@ async def test_waiting_tasks_of_one_client_take_turns_for_one_node(
             assert await probe.lock_nodes(namespace, name) == []
 
 
+async def test_a_task_refused_by_its_own_client_sends_nothing_while_it_waits(
+    zookeeper_server: ZooKeeperServer, probe: ZooKeeperProbe, namespace: str
+) -> None:
+    """While a task of a client holds a mutex, the client refuses its other tasks itself: no
+    node, no listing, no watch while the holder works (each reply would wake its event loop).
+    The holder's release wakes the waiting task, which then queues; so does a loss of the
+    holder's lease (its node deleted by an operator)."""
+    async with aiodlock.connect(zookeeper_server.url, namespace=namespace) as a:
+        lock = a.lock("own", ttl=1.5)  # renewed every 0.5 s: a renewal watches the node
+        holder = await lock.acquire()
+        before = _requests(a)
+        assert await lock.try_acquire() is None
+        waiting = asyncio.create_task(lock.acquire(timeout=5))
+        await wait_until(lambda: lock.statistics().waiting == 1)
+        assert _requests(a) == before  # refused by the client: nothing was sent
+        assert await probe.lock_nodes(namespace, "own") == [await _node_of(probe, namespace)]
+        await holder.release()
+        lease = await waiting
+        assert lease.fencing_token > holder.fencing_token
+        sibling = asyncio.create_task(lock.acquire(timeout=5))
+        await wait_until(lambda: lock.statistics().waiting == 1)
+        await wait_until(lambda: _requests(a).get("get", 0) > before.get("get", 0))  # renewed
+        await probe.break_lock(a, namespace, "own")
+        await asyncio.wait_for(lease.lost.wait(), 5)
+        taken = await sibling
+        assert taken.fencing_token > lease.fencing_token
+        await taken.release()
+        with pytest.raises(aiodlock.LockNotOwnedError):
+            await lease.release()
+    assert await probe.lock_nodes(namespace, "own") == []
+
+
+async def _node_of(probe: ZooKeeperProbe, namespace: str) -> str:
+    (node,) = await probe.lock_nodes(namespace, "own")
+    return node
+
+
 async def _enter(lock: aiodlock.Lock, order: list[int], i: int) -> None:
     async with lock:
         order.append(i)

@@ -34,8 +34,10 @@ protected mode (see *Creating*). The three families of one name are independent 
 
 The queue of nodes is FIFO by construction, so FAIR is declared. As on every backend, the
 waiting tasks of one client take turns for a mutex, a write lock or a semaphore, and only the
-one whose turn it is has a node (see ``queues_on_busy``); ``fair=True`` gives every task its
-own node, hence strict arrival order across all clients' tasks. A new attempt never waits for
+one whose turn it is has a node (see ``queues_on_busy``); while a task of ours holds a mutex,
+the one whose turn it is waits without a node until that holder lets go (see
+:meth:`ZooKeeperBackend._refused_here`). ``fair=True`` gives every task its own node, hence
+strict arrival order across all clients' tasks. A new attempt never waits for
 our own pending deletions: a node being deleted merely queues ahead of it until it is gone.
 Watches use ``getData`` (no watch is left behind when the node is already gone, unlike
 ``exists``); a watch that finds its node gone wakes the waiter at once. Wakeups are banked
@@ -118,8 +120,19 @@ from typing import Any, ClassVar, Final
 from .._exceptions import BackendError, LimitMismatchError
 from .._url import ParsedURL
 from .._validate import check_seconds
+from ._local_holders import LocalHolders
 from ._no_tls import NO_TLS_OPTIONS, refuse_tls
-from ._protocol import Busy, Capability, Grant, HolderInfo, Kind, LockInfo, LockSpec, Waiter
+from ._protocol import (
+    Busy,
+    Capability,
+    Grant,
+    HolderInfo,
+    Kind,
+    LockInfo,
+    LockSpec,
+    LossSignal,
+    Waiter,
+)
 from ._wakeup import BankedWakeup
 from ._zk_session import (
     CONNECTED,
@@ -250,6 +263,15 @@ def _node_owner(data: bytes, session: int) -> str:
     return f"session {session:#x}"
 
 
+def _refuses_here(entry: _Entry) -> bool:
+    """A mutex whose tasks take turns (not fair: a fair waiter keeps its own node)."""
+    return entry.kind is Kind.MUTEX and entry.list_on_create
+
+
+def _holds(entry: _Entry) -> bool:
+    return entry.held and entry.lost is None and not entry.gone
+
+
 # ---------------------------------------------------------------------- state
 
 
@@ -322,7 +344,7 @@ class _Entry:
         self.stray_session: int | None = None  # session a node of ours may linger in
         self.held = False
         self.lost: str | None = None
-        self.lost_event = asyncio.Event()
+        self.lost_event = LossSignal()
         self.lock = asyncio.Lock()
         self.reaper: asyncio.TimerHandle | None = None
         self.target: str | None = None  # what a waiter of ours must watch
@@ -499,6 +521,10 @@ class ZooKeeperBackend:
         self._session_id: int | None = None
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._waiters: dict[tuple[str, str], _ZKWaiter] = {}
+        # A mutex held by one of our acquisitions, and per directory the waiters it refused
+        # without a node (see _refused_here): its release or loss wakes them.
+        self._holders: LocalHolders[str, _Entry] = LocalHolders()
+        self._refused: dict[str, set[tuple[str, str]]] = {}
         self._watches: dict[str, set[_ZKWaiter | _Entry]] = {}
         self._doomed: dict[tuple[str, str], _Entry] = {}
         self._sweeps: dict[str, _Sweep] = {}  # per directory: the round still taking entries
@@ -577,6 +603,8 @@ class ZooKeeperBackend:
                 waiter.wake()
             self._watches.clear()
             self._doomed.clear()
+            self._holders.clear()
+            self._refused.clear()
             self._state = "closed"
 
     async def _stop_tasks(self) -> None:
@@ -721,6 +749,8 @@ class ZooKeeperBackend:
                 if entry.lost is None:
                     return Grant(entry.czxid)
                 return Busy(None)
+            if self._refused_here(entry):
+                return Busy(None)
             known = self._known_place(entry, transport)
             if known is not None:
                 if known:
@@ -755,8 +785,41 @@ class ZooKeeperBackend:
     def _grant(self, entry: _Entry, ttl: float) -> Grant:
         entry.held = True
         entry.target = None
+        if _refuses_here(entry):
+            self._holders.hold(entry.directory, entry)
         self._schedule_reaper(entry, ttl)
         return Grant(entry.czxid)
+
+    def _refused_here(self, entry: _Entry) -> bool:
+        """Refuse ``entry`` without a node while another acquisition of ours holds its mutex.
+
+        The server would queue the node behind our holder's, and the create, the listing and
+        the watch would all be answered during the holder's critical section: under the
+        default event loop each reply wakes the loop, which rounds the rest of a ``sleep`` up
+        to a whole millisecond. Refused here, the waiter is woken when our holder releases
+        (or loses the lock), and its create follows the holder's delete on the same session,
+        so the server applies the two in that order. Nodes of other clients created meanwhile
+        are ahead of it, in their arrival order.
+        """
+        if not _refuses_here(entry) or self._at_server(entry):
+            return False
+        if not self._holders.held(entry.directory, alive=_holds):
+            return False
+        if entry.key in self._waiters:
+            self._refused.setdefault(entry.directory, set()).add(entry.key)
+        else:  # Lock.try_acquire() will not wait: nothing of it may stay (see try_acquire)
+            asyncio.get_running_loop().call_soon(self._drop_if_unwaited, entry)
+        return True
+
+    def _unhold(self, entry: _Entry) -> None:
+        """``entry`` no longer holds its mutex: wake the waiters it refused."""
+        if not _refuses_here(entry):
+            return
+        self._holders.unhold(entry.directory, entry)
+        for key in self._refused.pop(entry.directory, ()):
+            waiter = self._waiters.get(key)
+            if waiter is not None:
+                waiter.wake()
 
     def _known_place(self, entry: _Entry, transport: ZKTransport) -> bool | None:
         """Our place in the queue when no listing can tell more, else None (list it).
@@ -883,6 +946,11 @@ class ZooKeeperBackend:
             self._disarm(waiter)
             if self._waiters.get(key) is waiter:
                 del self._waiters[key]
+            refused = self._refused.get(key[0])
+            if refused is not None:
+                refused.discard(key)
+                if not refused:
+                    del self._refused[key[0]]
             self._waiting -= 1
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
@@ -1146,6 +1214,7 @@ class ZooKeeperBackend:
     # ------------------------------------------------------------------ leaving the queue
 
     def _retire(self, entry: _Entry) -> None:
+        self._unhold(entry)
         entry.gone = True
         entry.held = False
         entry.target = None
@@ -1317,6 +1386,7 @@ class ZooKeeperBackend:
         if entry.lost is not None:
             return
         entry.lost = reason
+        self._unhold(entry)
         entry.lost_event.set()
         self._losses += 1
         if entry.reaper is not None:
