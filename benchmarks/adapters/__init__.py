@@ -56,6 +56,9 @@ LIBRARIES: tuple[Library, ...] = (
     # ------------------------------------------------------------------ Redis
     Library("raw-redis", "raw floor: SET NX PX + EVALSHA", "redis", "floor", "raw", "RawRedis",
             True, ("uncontended",), ("redis", "hiredis")),
+    Library("fenced-floor-redis", "fenced floor: SET NX PX and the token in one script + "
+            "EVALSHA", "redis", "reference", "fenced", "FencedFloor", True, ("uncontended",),
+            ("redis", "hiredis")),
     Library("aiodlock-redis-pubsub", "aiodlock redis:// (pub/sub)", "redis", "aiodlock",
             "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "redis")),
     Library("aiodlock-redis-blpop", "aiodlock redis://?wakeup=blpop", "redis", "aiodlock",
@@ -139,19 +142,31 @@ LIBRARIES: tuple[Library, ...] = (
     # ------------------------------------------------------------------ MySQL / MariaDB
     Library("raw-mysql", "raw floor: GET_LOCK + RELEASE_LOCK", "mysql", "floor", "raw",
             "RawMySQL", True, ("uncontended",), ("aiomysql",)),
+    Library("fenced-floor-mysql", "fenced floor: GET_LOCK and the token in one INSERT + "
+            "RELEASE_LOCK", "mysql", "reference", "fenced", "FencedFloor", True, ("uncontended",),
+            ("aiomysql",)),
     Library("aiodlock-mysql", "aiodlock mysql://", "mysql", "aiodlock", "aiodlock_lib",
             "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "aiomysql")),
     # ------------------------------------------------------------------ PostgreSQL
     Library("raw-postgres", "raw floor: pg_try_advisory_lock + pg_advisory_unlock", "postgres",
             "floor", "raw", "RawPostgres", True, ("uncontended",), ("asyncpg",)),
+    Library("fenced-floor-postgres", "fenced floor: pg_try_advisory_lock and the token in one "
+            "INSERT + pg_advisory_unlock", "postgres", "reference", "fenced", "FencedFloor", True,
+            ("uncontended",), ("asyncpg",)),
     Library("aiodlock-postgres", "aiodlock postgresql://", "postgres", "aiodlock",
             "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "asyncpg")),
     # ------------------------------------------------------------------ no server
     Library("asyncio-lock", "asyncio.Lock, in process (ceiling)", "none", "reference",
             "reference", "LocalLockAdapter", True, ("contended",), ()),
     Library("fenced-asyncio-lock", "asyncio.Lock + one INCR per grant (ceiling of a fencing "
-            "lock)", "redis", "reference", "reference", "FencedLocalLock", True, ("contended",),
+            "lock)", "redis", "reference", "fenced", "FencedLocalLock", True, ("contended",),
             ("redis", "hiredis")),
+    Library("fenced-asyncio-lock-zookeeper", "asyncio.Lock + one setData per grant (ceiling "
+            "of a fencing lock)", "zookeeper", "reference", "fenced", "FencedLocalLock", True,
+            ("contended",), ("aiozk",)),
+    Library("fenced-asyncio-lock-mysql", "asyncio.Lock + one fencing upsert per grant "
+            "(ceiling of a fencing lock)", "mysql", "reference", "fenced", "FencedLocalLock",
+            True, ("contended",), ("aiomysql",)),
     Library("pubsub-baton", "baton passed round the processes by PUBLISH (ceiling of a "
             "one-message handover)", "redis", "reference", "reference", "PubSubBaton", True,
             ("contended_procs",), ("redis", "hiredis"), {"members": str(FULL.workers)}),

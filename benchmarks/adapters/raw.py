@@ -74,6 +74,33 @@ async def execute(client: Any, *command: Any) -> Any:
     return await conn.read_response()
 
 
+async def mysql_connection(endpoint: Endpoint) -> Any:
+    """An aiomysql connection (autocommit) to the endpoint's database."""
+    import aiomysql
+
+    e = endpoint
+    return await aiomysql.connect(
+        host=e.host, port=e.port, user=e.user, password=e.password, db=e.database,
+        autocommit=True,
+    )  # fmt: skip
+
+
+async def postgres_connection(endpoint: Endpoint) -> Any:
+    """An asyncpg connection to the endpoint's database."""
+    import asyncpg
+
+    e = endpoint
+    return await asyncpg.connect(
+        host=e.host, port=e.port, user=e.user, password=e.password, database=e.database
+    )
+
+
+def postgres_key(name: str) -> int:
+    """A 63-bit advisory-lock key for ``name``. The key as aiodlock makes it would cost the
+    same: one hash, no round trip."""
+    return hash(name) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 class RawRedis(AsyncAdapter):
     backend = "redis"
 
@@ -250,13 +277,7 @@ class RawMySQL(AsyncAdapter):
         self._cursor: Any = None
 
     async def open(self) -> None:
-        import aiomysql
-
-        e = self.endpoint
-        self._conn = await aiomysql.connect(
-            host=e.host, port=e.port, user=e.user, password=e.password, db=e.database,
-            autocommit=True,
-        )  # fmt: skip
+        self._conn = await mysql_connection(self.endpoint)
         self._cursor = await self._conn.cursor()
 
     async def close(self) -> None:
@@ -288,12 +309,7 @@ class RawPostgres(AsyncAdapter):
         self._conn: Any = None
 
     async def open(self) -> None:
-        import asyncpg
-
-        e = self.endpoint
-        self._conn = await asyncpg.connect(
-            host=e.host, port=e.port, user=e.user, password=e.password, database=e.database
-        )
+        self._conn = await postgres_connection(self.endpoint)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -304,8 +320,7 @@ class RawPostgres(AsyncAdapter):
 
     @asynccontextmanager
     async def _hold(self, name: str) -> AsyncIterator[object]:
-        # The key as aiodlock makes it would cost the same: one hash, no round trip.
-        key = hash(name) & 0x7FFF_FFFF_FFFF_FFFF
+        key = postgres_key(name)
         if not await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
             raise NotFreeError(name)
         try:

@@ -3,9 +3,9 @@ contended efficiencies can be read against what is reachable here.
 
 - ``asyncio.Lock`` (no server, no network): with a 1 ms critical section the ideal is 1000
   grants/s; what ``asyncio.sleep(0.001)`` and the loop cost keeps even this below that.
-- ``asyncio.Lock`` plus one Redis round trip per grant (``INCR`` of a token, raw connection, as
-  the raw floor sends commands): a lock that gives every grant a fencing token must ask the
-  server once per grant, so this is the in-process ceiling of any such lock.
+- ``asyncio.Lock`` plus one fencing write per grant, on each server (:mod:`.fenced`): a lock
+  that gives every grant a fencing token must write to the server once per grant, so this is
+  the in-process ceiling of any such lock.
 - A baton passed round a ring of processes by ``PUBLISH`` (each member waits on its own
   channel, holds the baton for the section, publishes it to the next): one message per
   handover and no lock state at all, so this is the cross-process ceiling of a fair lock that
@@ -24,7 +24,7 @@ from typing import Any
 from .base import AsyncAdapter, Endpoint
 from .raw import execute, redis_client
 
-__all__ = ["FencedLocalLock", "LocalLockAdapter", "PubSubBaton"]
+__all__ = ["LocalLockAdapter", "PubSubBaton"]
 
 
 class LocalLockAdapter(AsyncAdapter):
@@ -38,30 +38,6 @@ class LocalLockAdapter(AsyncAdapter):
 
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
         return self._locks.setdefault(name, asyncio.Lock())
-
-
-class FencedLocalLock(AsyncAdapter):
-    backend = "redis"
-
-    def __init__(self, endpoint: Endpoint, **_: object) -> None:
-        super().__init__(endpoint)
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._redis: Any = None
-
-    async def open(self) -> None:
-        self._redis = await redis_client(self.endpoint).initialize()  # its connection, now
-
-    async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
-
-    def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
-        return self._hold(self._locks.setdefault(name, asyncio.Lock()), name)
-
-    @asynccontextmanager
-    async def _hold(self, lock: asyncio.Lock, name: str) -> AsyncIterator[object]:
-        async with lock:
-            yield await execute(self._redis, "INCR", f"{name}:token")
 
 
 class PubSubBaton(AsyncAdapter):
