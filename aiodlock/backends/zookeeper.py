@@ -263,7 +263,7 @@ def _node_owner(data: bytes, session: int) -> str:
     return f"session {session:#x}"
 
 
-def _refuses_here(entry: _Entry) -> bool:
+def _turn_taking_mutex(entry: _Entry) -> bool:
     """A mutex whose tasks take turns (not fair: a fair waiter keeps its own node)."""
     return entry.kind is Kind.MUTEX and entry.list_on_create
 
@@ -785,7 +785,7 @@ class ZooKeeperBackend:
     def _grant(self, entry: _Entry, ttl: float) -> Grant:
         entry.held = True
         entry.target = None
-        if _refuses_here(entry):
+        if _turn_taking_mutex(entry):
             self._holders.hold(entry.directory, entry)
         self._schedule_reaper(entry, ttl)
         return Grant(entry.czxid)
@@ -801,7 +801,7 @@ class ZooKeeperBackend:
         so the server applies the two in that order. Nodes of other clients created meanwhile
         are ahead of it, in their arrival order.
         """
-        if not _refuses_here(entry) or self._at_server(entry):
+        if not _turn_taking_mutex(entry) or self._at_server(entry):
             return False
         if not self._holders.held(entry.directory, alive=_holds):
             return False
@@ -813,7 +813,7 @@ class ZooKeeperBackend:
 
     def _unhold(self, entry: _Entry) -> None:
         """``entry`` no longer holds its mutex: wake the waiters it refused."""
-        if not _refuses_here(entry):
+        if not _turn_taking_mutex(entry):
             return
         self._holders.unhold(entry.directory, entry)
         for key in self._refused.pop(entry.directory, ()):

@@ -82,7 +82,11 @@ _PG_TAKE = (
 
 
 class _Server(ABC):
-    """One connection to one server, and the fencing commands on it."""
+    """One connection to one server, and the fencing commands on it (a server without a
+    measured floor or ceiling leaves that one unimplemented)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
 
     @abstractmethod
     async def open(self) -> None: ...
@@ -98,14 +102,14 @@ class _Server(ABC):
         """Release what :meth:`take` took."""
         raise NotImplementedError(f"no fenced floor on {type(self).__name__}")
 
-    @abstractmethod
     async def bump(self, name: str) -> int:
         """One fencing write: the next token of ``name``."""
+        raise NotImplementedError(f"no fenced ceiling on {type(self).__name__}")
 
 
 class _Redis(_Server):
     def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
+        super().__init__(endpoint)
         self._redis: Any = None
         self._take_sha = self._release_sha = ""
         self._owner = ""
@@ -135,7 +139,7 @@ class _Redis(_Server):
 
 class _MySQL(_Server):
     def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
+        super().__init__(endpoint)
         self._conn: Any = None
         self._cursor: Any = None
 
@@ -165,7 +169,7 @@ class _MySQL(_Server):
 
 class _Postgres(_Server):
     def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
+        super().__init__(endpoint)
         self._conn: Any = None
 
     async def open(self) -> None:
@@ -183,15 +187,12 @@ class _Postgres(_Server):
     async def give_back(self, name: str) -> None:
         await self._conn.fetchval("SELECT pg_advisory_unlock($1)", postgres_key(name))
 
-    async def bump(self, name: str) -> int:
-        raise NotImplementedError("no PostgreSQL ceiling is measured")
-
 
 class _ZooKeeper(_Server):
     root = "/bench-fence"
 
     def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
+        super().__init__(endpoint)
         self._client: Any = None
         self._made: set[str] = set()
 
@@ -225,7 +226,7 @@ _SERVERS: dict[str, type[_Server]] = {
 
 
 class _Fenced(AsyncAdapter):
-    backend = "redis, mysql, postgres or zookeeper: the endpoint's"
+    backend = "any"  # the endpoint's: Redis, MySQL, PostgreSQL or ZooKeeper
     def __init__(self, endpoint: Endpoint, **_: object) -> None:
         super().__init__(endpoint)
         self._server = _SERVERS[endpoint.family](endpoint)
