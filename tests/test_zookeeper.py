@@ -841,6 +841,26 @@ async def _count_is(probe: ZooKeeperProbe, namespace: str, name: str, count: int
 # ---------------------------------------------------------------------- ensemble
 
 
+async def test_a_break_through_another_member_sees_a_grant_made_just_before(
+    zookeeper_ensemble: ZooKeeperEnsemble,
+) -> None:
+    """The holder and the operator talk to different members: the operator's server may not
+    have applied the holder's create yet when the break lists the directory (a follower
+    answers reads from its own state). The break syncs that server with the leader first,
+    so every round breaks the lock it was asked to."""
+    ns = f"z{os.urandom(6).hex()}"
+    first, second = (m.url for m in zookeeper_ensemble.members[:2])
+    async with (
+        aiodlock.connect(first, namespace=ns) as holder,
+        aiodlock.connect(second, namespace=ns) as operator,
+    ):
+        for i in range(20):
+            await holder.lock(f"b{i}").acquire()
+            before = _requests(operator)
+            assert await operator.break_lock(f"b{i}") == 1
+            assert _more(_requests(operator), before) == {"sync": 1, "children": 1, "delete": 1}
+
+
 async def test_killing_the_leader_keeps_exclusion_and_waiters_proceed(
     zookeeper_ensemble: ZooKeeperEnsemble,
 ) -> None:

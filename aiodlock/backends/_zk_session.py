@@ -210,6 +210,7 @@ _KINDS: Final[dict[type, str]] = {
     protocol.DeleteRequest: "delete",
     protocol.ExistsRequest: "exists",
     protocol.PingRequest: "ping",
+    protocol.SyncRequest: "sync",
 }
 """How :attr:`ZKTransport.answered` names requests (others by their class name)."""
 
@@ -832,6 +833,12 @@ class ZKTransport:
     ) -> None:
         request = protocol.DeleteRequest(path=path, version=version)
         await self._call(request, wait=wait, timeout=timeout)
+
+    async def sync(self, path: str, *, timeout: float) -> None:
+        """ZooKeeper's ``sync``: the connected server catches up with the leader, so a read
+        sent after it sees every write committed before it, whichever session made it (a
+        follower may otherwise answer from a state a little behind)."""
+        await self._call(protocol.SyncRequest(path=path), wait=True, timeout=timeout)
 
     async def ping(self, *, timeout: float) -> None:
         """One round trip on the current connection; never waits for a reconnection."""

@@ -716,6 +716,10 @@ class ZooKeeperBackend:
         next grant is a node created later, so its token (czxid) is larger."""
         transport = self._require_open()
         directory = self._directory(spec)
+        # Our server may not have applied a grant the leader committed a moment ago (another
+        # session's, on another member of an ensemble): catch up before listing.
+        with contextlib.suppress(NoNodeError):
+            await transport.sync(directory, timeout=self._request_timeout)
         dropped = 0
         for _, node in _holders(_contenders(await self._children(transport, directory))):
             try:
