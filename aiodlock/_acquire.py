@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from random import getrandbits
+from typing import NamedTuple
 
 from ._exceptions import BackendError, LockTimeoutError
-from ._local import Turns, takes_turns
+from ._local import Turn, Turns, takes_turns
 from ._supervisor import Supervisor
 from .backends._protocol import Backend, Busy, Grant, LockSpec
 
@@ -38,8 +39,7 @@ class AcquireCounters:
     timeouts: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Granted:
+class Granted(NamedTuple):
     """A grant: ``owner`` holds the lock with ``fencing_token``; the request left at ``sent``
     (loop time), from which the lease's local validity is counted."""
 
@@ -88,28 +88,33 @@ async def wait_for_grant(
         LockTimeoutError: not granted in time.
         BackendError: the service failed.
     """
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    if not takes_turns(spec) or queues(backend, spec):
-        return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     # Tasks of one client take turns, in arrival order, to contend at the service (which
     # already queues fair waiters itself).
-    turn, alone = turns.join(spec)
+    turn = None
+    if takes_turns(spec) and not queues(backend, spec):
+        turn = turns.join(spec)
+        if not turn.take():
+            try:
+                await _wait_for_turn(turn, spec, deadline, timeout, counters)
+            except BaseException:
+                turns.leave(spec)
+                raise
     try:
-        if alone:
-            await turn.acquire()  # free, and nobody waits for it: no wait, no timer
-        else:
-            await _take_turn(turn, spec, deadline, timeout, counters)
-        try:
-            return await _contend(backend, supervisor, spec, ttl, deadline, timeout, counters)
-        finally:
-            turn.release()
+        owner = new_owner()
+        attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
+        if type(attempt) is Grant:
+            counters.acquired += 1
+            return Granted(owner, attempt.fencing_token, sent)
+        return await _wait(backend, supervisor, spec, owner, ttl, deadline, timeout, counters)
     finally:
-        turns.leave(spec)
+        if turn is not None:
+            turn.release()
+            turns.leave(spec)
 
 
-async def _take_turn(
-    turn: asyncio.Lock,
+async def _wait_for_turn(
+    turn: Turn,
     spec: LockSpec,
     deadline: float | None,
     timeout: float | None,
@@ -118,28 +123,26 @@ async def _take_turn(
     counters.waiting += 1
     try:
         async with asyncio.timeout_at(deadline):
-            await turn.acquire()
+            await turn.wait()
     except TimeoutError:
         raise _timed_out(spec, timeout, counters) from None
     finally:
         counters.waiting -= 1
 
 
-async def _contend(
+async def _wait(
     backend: Backend,
     supervisor: Supervisor,
     spec: LockSpec,
+    owner: str,
     ttl: float,
     deadline: float | None,
     timeout: float | None,
     counters: AcquireCounters,
 ) -> Granted:
-    owner = new_owner()
+    """``owner``'s first attempt was refused (in this loop step): arm the wakeup, re-check,
+    wait, repeat."""
     loop = asyncio.get_running_loop()
-    attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
-    if isinstance(attempt, Grant):
-        counters.acquired += 1
-        return Granted(owner, attempt.fencing_token, sent)
     counters.waiting += 1
     granted: Grant | None = None
     try:

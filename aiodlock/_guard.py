@@ -23,7 +23,8 @@ Example (what ``Lock.__aenter__``/``__aexit__`` do)::
     try:
         await body()
     finally:
-        outcome = await guard.disarm(exc_type)
+        if guard.disarm():  # lost while armed
+            outcome = await guard.settle(exc_type)
 """
 
 from __future__ import annotations
@@ -75,12 +76,17 @@ class LossGuard:
             self._reason = reason
             self._task.cancel(f"aiodlock: {reason}")
 
-    async def disarm(self, exc_type: type[BaseException] | None) -> GuardOutcome:
-        """Stop listening and settle the cancel count (see the module docstring)."""
+    def disarm(self) -> bool:
+        """Stop listening. True if the lease was lost while armed: then :meth:`settle` how the
+        body ended (the hot path, False, has nothing to undo and no await)."""
         self._state.cancel_on_loss(self._on_loss)
+        return self._reason is not None
+
+    async def settle(self, exc_type: type[BaseException] | None) -> GuardOutcome:
+        """After a loss, settle the cancel count and say what to raise (module docstring)."""
         reason = self._reason
         if reason is None:
-            return _QUIET  # the hot path: nothing to undo, no await
+            return _QUIET
         delivered_here = False
         if exc_type is not asyncio.CancelledError:
             # The body finished (or raised) after we asked for its cancellation but before it

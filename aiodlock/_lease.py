@@ -45,16 +45,17 @@ class LeaseState:
     ``valid_until`` is event-loop time: the pessimistic local deadline computed from the *send*
     time of the last confirmed acquire or renew, minus a drift margin — and, for a session
     lease, no later than ``session_deadline()``: the time until which the backend knows the
-    session holding the lease is alive on the server (see ``Backend.session_deadline``).
+    session holding the lease is alive on the server (the backend's
+    ``session_deadline(spec, owner)``, given as ``session_deadline``).
     """
 
     __slots__ = (
         "_callbacks",
+        "_lost",
         "_session_deadline",
         "_ttl_valid_until",
         "fencing_token",
         "hold",
-        "lost",
         "lost_reason",
         "owner",
         "renewing",
@@ -69,7 +70,7 @@ class LeaseState:
         fencing_token: int,
         valid_until: float,
         *,
-        session_deadline: Callable[[], float | None] | None = None,
+        session_deadline: Callable[[LockSpec, str], float | None] | None = None,
         hold: Hold | None = None,
     ) -> None:
         self.spec = spec
@@ -80,10 +81,20 @@ class LeaseState:
         self.renewing = False  # a renewal request is in flight (set by the keep-alive)
         self.status = LeaseStatus.HELD
         self.lost_reason: LockLostError | None = None
-        self.lost = asyncio.Event()
+        self._lost: asyncio.Event | None = None  # made when first asked for (rarely)
         self._callbacks: list[LossCallback] = []
         # Told of the end of the hold (logs, spans, metrics: see _telemetry).
         self.hold = hold if hold is not None else Hold(spec, fencing_token, None)
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the lease is lost, or found lost by its release."""
+        event = self._lost
+        if event is None:
+            event = self._lost = asyncio.Event()
+            if self.lost_reason is not None:
+                event.set()
+        return event
 
     @property
     def valid_until(self) -> float:
@@ -95,7 +106,8 @@ class LeaseState:
 
     def session_deadline(self) -> float | None:
         """Until when the session holding the lease is surely alive, if it is a session lease."""
-        return None if self._session_deadline is None else self._session_deadline()
+        deadline = self._session_deadline
+        return None if deadline is None else deadline(self.spec, self.owner)
 
     def renewed(self, valid_until: float) -> None:
         """The service confirmed the lease: it is valid locally until ``valid_until``."""
@@ -108,7 +120,8 @@ class LeaseState:
             return
         self.status = LeaseStatus.LOST
         self.lost_reason = reason
-        self.lost.set()
+        if self._lost is not None:
+            self._lost.set()
         self.hold.lost(reason)
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
@@ -132,7 +145,8 @@ class LeaseState:
         """
         if self.lost_reason is None:
             self.lost_reason = reason
-            self.lost.set()
+            if self._lost is not None:
+                self._lost.set()
             self.hold.lost(reason)
 
     def on_loss(self, callback: LossCallback) -> None:

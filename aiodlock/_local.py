@@ -24,6 +24,8 @@ last user leaves.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,7 @@ from ._lease import Lease, LeaseState, LeaseStatus
 from ._supervisor import Keeper, Supervisor
 from .backends._protocol import Kind, LockSpec
 
-__all__ = ["Holdings", "LiveLease", "Turns", "is_exclusive", "takes_turns"]
+__all__ = ["Holdings", "LiveLease", "Turn", "Turns", "is_exclusive", "takes_turns"]
 
 _Family = tuple[Kind, str]  # one lock of the client's namespace: its kind and name
 _TaskKey = tuple[Kind, str, "asyncio.Task[Any]"]
@@ -49,33 +51,87 @@ def takes_turns(spec: LockSpec) -> bool:
     return spec.kind is not Kind.READ
 
 
+class Turn:
+    """One lock's FIFO turn among the tasks of one client.
+
+    Like an :class:`asyncio.Lock` that hands itself over: :meth:`take` takes a free turn at
+    once, with no await and no future (the common case: one task at a time); a task that finds
+    it taken waits in arrival order (:meth:`wait`), and :meth:`release` passes the turn straight
+    to the first waiter, so a task that just released cannot barge in ahead of it.
+
+    Example::
+
+        if not turn.take():
+            await turn.wait()
+        try:
+            ...  # this task's turn
+        finally:
+            turn.release()
+    """
+
+    __slots__ = ("_taken", "_waiters", "users")
+
+    def __init__(self) -> None:
+        self._taken = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.users = 0  # tasks that joined and have not left (see Turns)
+
+    def take(self) -> bool:
+        """Take the turn if it is free; False if another task has it (then :meth:`wait`)."""
+        if self._taken:
+            return False
+        self._taken = True
+        return True
+
+    async def wait(self) -> None:
+        """Wait, in arrival order, until the turn is handed to this task."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.cancelled():
+                with suppress(ValueError):  # not yet passed over by a release
+                    self._waiters.remove(waiter)
+            else:
+                self.release()  # handed over, then cancelled: pass the turn on
+            raise
+
+    def release(self) -> None:
+        """End this task's turn: the first waiter has it now, or it is free."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._taken = False
+
+
 class Turns:
-    """Per lock that takes turns, a FIFO turn among this client's tasks (counted, so it is dropped
-    when nobody uses it)."""
+    """Per lock that takes turns, a :class:`Turn` among this client's tasks (counted, so it is
+    dropped when nobody uses it)."""
 
     __slots__ = ("_turns",)
 
     def __init__(self) -> None:
-        self._turns: dict[_Family, tuple[asyncio.Lock, list[int]]] = {}
+        self._turns: dict[_Family, Turn] = {}
 
-    def join(self, spec: LockSpec) -> tuple[asyncio.Lock, bool]:
-        """The turn for ``spec``, and whether this is its only user (then the turn is free and
-        nobody waits for it: acquiring it does not wait). Every join must be matched by one
-        :meth:`leave`."""
+    def join(self, spec: LockSpec) -> Turn:
+        """The turn for ``spec``. Every join must be matched by one :meth:`leave`."""
         key = (spec.kind, spec.name)
-        entry = self._turns.get(key)
-        if entry is None:
-            entry = self._turns[key] = (asyncio.Lock(), [0])
-        users = entry[1]
-        users[0] += 1
-        return entry[0], users[0] == 1
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = Turn()
+        turn.users += 1
+        return turn
 
     def leave(self, spec: LockSpec) -> None:
         """Stop using the turn for ``spec``."""
         key = (spec.kind, spec.name)
-        _, users = self._turns[key]
-        users[0] -= 1
-        if users[0] == 0:
+        turn = self._turns[key]
+        turn.users -= 1
+        if not turn.users:
             del self._turns[key]
 
     def __len__(self) -> int:

@@ -19,7 +19,6 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, final
 
@@ -166,7 +165,9 @@ class BaseLock:
         context = self._context
         context.supervisor.require_running()
         started = asyncio.get_running_loop().time()
-        with context.inflight.entered(task, self._spec):
+        inflight = context.inflight
+        inflight.enter(task)
+        try:
             granted = await attempt_once(
                 context.backend,
                 context.supervisor,
@@ -174,6 +175,10 @@ class BaseLock:
                 ttl=self.ttl,
                 counters=self._counters,
             )
+        except BaseException as exc:
+            inflight.leave(task, self._spec, exc)
+            raise
+        inflight.leave(task, self._spec, None)
         return None if granted is None else self._hold(granted, task, started).lease
 
     async def _take(
@@ -186,21 +191,25 @@ class BaseLock:
         context = self._context
         context.supervisor.require_running()
         started = asyncio.get_running_loop().time()
-        with context.inflight.entered(task, self._spec):
-            try:
-                granted = await wait_for_grant(
-                    context.backend,
-                    context.supervisor,
-                    context.holdings.turns,
-                    self._spec,
-                    ttl=self.ttl,
-                    timeout=timeout,
-                    counters=self._counters,
-                )
-            except LockTimeoutError:
+        inflight = context.inflight
+        inflight.enter(task)
+        try:
+            granted = await wait_for_grant(
+                context.backend,
+                context.supervisor,
+                context.holdings.turns,
+                self._spec,
+                ttl=self.ttl,
+                timeout=timeout,
+                counters=self._counters,
+            )
+        except BaseException as exc:
+            if isinstance(exc, LockTimeoutError):
                 waited = asyncio.get_running_loop().time() - started
                 _telemetry.timed_out(self._spec, waited=waited)
-                raise
+            inflight.leave(task, self._spec, exc)  # closed meanwhile: RuntimeError instead
+            raise
+        inflight.leave(task, self._spec, None)
         return self._hold(granted, task, started)
 
     def _reentry(self, task: asyncio.Task[Any], *, strict: bool) -> LiveLease | None:
@@ -224,16 +233,14 @@ class BaseLock:
         valid_until = granted.sent + self.ttl - drift(self.ttl)
         waited = asyncio.get_running_loop().time() - started
         hold = _telemetry.acquired(self._spec, token=granted.fencing_token, waited=waited)
-        backend = self._context.backend
         # Session backends bound the lease by their session; a TTL backend may bound it by
         # a stricter validity rule of its own (Redlock's drift_factor). Others return None.
-        session = partial(backend.session_deadline, self._spec, granted.owner)
         state = LeaseState(
             self._spec,
             granted.owner,
             granted.fencing_token,
             valid_until,
-            session_deadline=session,
+            session_deadline=self._context.backend.session_deadline,
             hold=hold,
         )
         state.on_loss(self._note_lost)
@@ -269,10 +276,12 @@ class BaseLock:
             del self._entered[task]
         lost: LockLostError | None = None
         cancelled = False
-        if entry.guard is not None:
+        guard = entry.guard
+        if guard is not None:
             self._context.holdings.drop_guard(entry.live, task)
-            outcome = await entry.guard.disarm(exc_type)
-            lost, cancelled = outcome.lost, outcome.cancelled
+            if guard.disarm():  # the lease was lost under the body: settle how it ended
+                outcome = await guard.settle(exc_type)
+                lost, cancelled = outcome.lost, outcome.cancelled
         found = await self._release_after_body(entry.live)
         if cancelled:
             raise asyncio.CancelledError from lost or exc
@@ -283,9 +292,10 @@ class BaseLock:
 
     async def _release_after_body(self, live: LiveLease) -> LockLostError | None:
         """Release; return the loss a release-if-owner refusal proved, if nobody had seen it."""
-        seen_lost = live.lease.lost.is_set()
+        state = live.state
+        seen_lost = state.lost_reason is not None
         try:
-            await live.lease.release()
+            await self._context.holdings.release(state)
         except LockNotOwnedError as exc:
             # Lost before: the guard reported it. Found lost by this very release: say so.
             if not seen_lost and isinstance(exc.__cause__, LockLostError):

@@ -52,16 +52,45 @@ class Keeper:
     signalled; a plain :class:`asyncio.Event` gets its task at once.
     """
 
-    __slots__ = ("_queue", "_signal", "task")
+    __slots__ = (
+        "_max_hold",
+        "_queue",
+        "_signal",
+        "_started",
+        "_state",
+        "_supervisor",
+        "_ttl",
+        "task",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        state: LeaseState,
+        ttl: float,
+        max_hold: float | None,
+        started: float,
+        signal: asyncio.Event | None,
+    ) -> None:
+        self._supervisor = supervisor
+        self._state = state
+        self._ttl = ttl
+        self._max_hold = max_hold
+        self._started = started
+        self._signal = signal
         self._queue: _FirstRenewals | None = None
-        self._signal: LossSignal | None = None
         self.task: asyncio.Task[None] | None = None
 
+    def start(self) -> None:
+        """Start the keep-alive task (unless the client is closing: its holdings end the
+        lease)."""
+        self.task = self._supervisor._spawn_keeper(
+            self._state, self._ttl, self._max_hold, self._started, self._signal
+        )
+
     def watch(self, signal: LossSignal) -> None:
-        """Start the task as soon as ``signal`` is set, if it has not started by then."""
-        self._signal = signal
+        """Start the task as soon as ``signal`` (the lease's) is set, if it has not started by
+        then."""
         signal.add_callback(self._start_now)
 
     def _start_now(self) -> None:
@@ -70,9 +99,9 @@ class Keeper:
 
     def cancel(self) -> None:
         """Stop keeping the lease (a keep-alive reporting its own loss is left to finish)."""
-        if self._signal is not None:
-            self._signal.remove_callback(self._start_now)
-            self._signal = None
+        signal = self._signal
+        if isinstance(signal, LossSignal):
+            signal.remove_callback(self._start_now)
         if self._queue is not None:
             self._queue.discard(self)
             self._queue = None
@@ -84,9 +113,6 @@ class Keeper:
         """The keep-alive task, if it was started and has not finished."""
         task = self.task
         return task if task is not None and not task.done() else None
-
-
-_Spawn = Callable[[], "asyncio.Task[None] | None"]
 
 
 class _FirstRenewals:
@@ -111,14 +137,14 @@ class _FirstRenewals:
     ) -> None:
         self._loop = loop
         self.delay = delay
-        self._due: dict[Keeper, tuple[float, _Spawn]] = {}
+        self._due: dict[Keeper, float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._unused = unused
 
-    def push(self, keeper: Keeper, granted: float, spawn: _Spawn) -> None:
-        """Start ``keeper``'s task ``spawn()`` ``delay`` after ``granted`` (loop time)."""
+    def push(self, keeper: Keeper, granted: float) -> None:
+        """Start ``keeper``'s task ``delay`` after ``granted`` (loop time)."""
         when = granted + self.delay
-        self._due[keeper] = (when, spawn)
+        self._due[keeper] = when
         keeper._queue = self
         if self._timer is None:
             self._timer = self._loop.call_at(when, self._fire)
@@ -129,10 +155,10 @@ class _FirstRenewals:
 
     def start_now(self, keeper: Keeper) -> None:
         """Start ``keeper``'s task now (its lease's loss was signalled)."""
-        entry = self._due.pop(keeper, None)
+        due = self._due.pop(keeper, None)
         keeper._queue = None
-        if entry is not None:
-            keeper.task = entry[1]()
+        if due is not None:
+            keeper.start()
 
     def close(self) -> None:
         """Forget every keeper and the timer (the client is closing)."""
@@ -148,13 +174,13 @@ class _FirstRenewals:
         now = self._loop.time() + 0.001
         while due:
             keeper = next(iter(due))
-            when, spawn = due[keeper]
+            when = due[keeper]
             if when > now:
                 self._timer = self._loop.call_at(when, self._fire)
                 return
             del due[keeper]
             keeper._queue = None
-            keeper.task = spawn()
+            keeper.start()
         self._unused(self)
 
 
@@ -208,33 +234,39 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         started = loop.time()
         signal = self._backend.loss_signal(state.spec, state.owner)
-        keeper = Keeper()
-
-        def spawn() -> asyncio.Task[None] | None:
-            if self._group is None:
-                return None  # the client is closing: its holdings end the lease
-            return self._spawn(
-                self._keep(state, ttl, max_hold, started, signal),
-                name=f"aiodlock-keepalive-{state.spec.name}",
-            )
-
+        keeper = Keeper(self, state, ttl, max_hold, started, signal)
         delay = ttl / RENEWALS_PER_TTL
         if signal is not None and (
             not isinstance(signal, LossSignal) or state.valid_until < started + delay
         ):
             # An Event without callbacks, or a session whose deadline comes before the first
             # renewal: the task watches it from the grant on.
-            keeper.task = spawn()
+            keeper.start()
             return keeper
         queue = self._first_renewals.get(delay)
         if queue is None:
             queue = self._first_renewals[delay] = _FirstRenewals(
                 loop, delay, self._drop_first_renewals
             )
-        queue.push(keeper, started, spawn)
+        queue.push(keeper, started)
         if signal is not None:
             keeper.watch(signal)  # after push: a signal set already starts the task at once
         return keeper
+
+    def _spawn_keeper(
+        self,
+        state: LeaseState,
+        ttl: float,
+        max_hold: float | None,
+        started: float,
+        signal: asyncio.Event | None,
+    ) -> asyncio.Task[None] | None:
+        if self._group is None:
+            return None  # the client is closing: its holdings end the lease
+        return self._spawn(
+            self._keep(state, ttl, max_hold, started, signal),
+            name=f"aiodlock-keepalive-{state.spec.name}",
+        )
 
     def _drop_first_renewals(self, queue: _FirstRenewals) -> None:
         if self._first_renewals.get(queue.delay) is queue:

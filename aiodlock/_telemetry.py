@@ -59,6 +59,7 @@ LOGGER_NAME: Final = "aiodlock.locks"
 logger = logging.getLogger(LOGGER_NAME)
 
 _NS_PER_S: Final = 1_000_000_000
+_UNSEEN: Final = object()
 
 
 def log_extra(spec: LockSpec, token: int | None) -> dict[str, Any]:
@@ -105,6 +106,12 @@ class _OTel:
         )
         self._idle_tracers = (ProxyTracerProvider, NoOpTracerProvider)
         self._idle_meters = NoOpMeterProvider
+        # The answers of tracing() and metering() for the providers they last saw: the hot
+        # path asks per grant, and the providers are set once in an application's life.
+        self._seen_tracer: object = _UNSEEN
+        self._tracing = False
+        self._seen_meter: object = _UNSEEN
+        self._metering = False
         self.tracer = trace.get_tracer("aiodlock")
         meter = metrics.get_meter("aiodlock")
         self.grants = meter.create_counter(
@@ -124,17 +131,23 @@ class _OTel:
     def tracing(self) -> bool:
         """An application configured a tracer provider (spans go somewhere)."""
         provider = self._tracer_provider()
-        return provider is not None and not isinstance(provider, self._idle_tracers)
+        if provider is not self._seen_tracer:
+            self._seen_tracer = provider
+            self._tracing = provider is not None and not isinstance(provider, self._idle_tracers)
+        return self._tracing
 
     def metering(self) -> bool:
         """An application configured a meter provider (measurements go somewhere)."""
         provider = self._meter_provider()
-        # The API's proxy meter provider has no public name to test against.
-        return not (
-            provider is None
-            or isinstance(provider, self._idle_meters)
-            or type(provider).__name__ == "_ProxyMeterProvider"
-        )
+        if provider is not self._seen_meter:
+            self._seen_meter = provider
+            # The API's proxy meter provider has no public name to test against.
+            self._metering = not (
+                provider is None
+                or isinstance(provider, self._idle_meters)
+                or type(provider).__name__ == "_ProxyMeterProvider"
+            )
+        return self._metering
 
 
 def _provider_reader(

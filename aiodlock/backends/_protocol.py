@@ -168,6 +168,10 @@ class Capability(enum.Enum):
     BREAK = "break"
     """Optional: the backend is a :class:`Breaker` (force-release, bumping the fencing token)."""
 
+    # Members are singletons compared by identity: hash them by identity too, in C, rather
+    # than by name through Enum's Python-level __hash__ (sets of capabilities, per lock).
+    __hash__ = object.__hash__
+
 
 class Kind(enum.Enum):
     """The lock kinds, each written once over the backend protocol."""
@@ -176,6 +180,9 @@ class Kind(enum.Enum):
     READ = "read"
     WRITE = "write"
     SEMAPHORE = "semaphore"
+
+    # Identity hashing (see Capability): a kind is part of every per-lock key, on the hot path.
+    __hash__ = object.__hash__
 
     @property
     def required(self) -> frozenset[Capability]:
