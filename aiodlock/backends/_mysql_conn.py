@@ -35,6 +35,7 @@ from typing import Any, Final
 import aiomysql
 
 from .._exceptions import BackendError
+from ._deadlines import Deadlines, Limit
 
 __all__ = ["DRIVER_ERRORS", "Conn", "ConnectSettings", "error_code"]
 
@@ -176,9 +177,12 @@ class Conn:
         return bool(self._raw.closed) or self.peer_closed
 
     async def query(
-        self, sql: str, *, timeout: float | None, harmless: Sequence[int] = ()
+        self, sql: str, *, timeout: Limit, harmless: Sequence[int] = ()
     ) -> tuple[tuple[tuple[Any, ...], ...], int]:
         """Run one statement; return its rows and its ``insert_id``.
+
+        ``timeout``: seconds, the backend's shared :class:`Deadlines` (its usual limit, without
+        a timer per statement), or None.
 
         On failure the connection is closed (the server then frees whatever the session
         held), unless the error is a server error listed in ``harmless``.
@@ -186,6 +190,8 @@ class Conn:
         try:
             if timeout is None:
                 await self._raw.query(sql)
+            elif isinstance(timeout, Deadlines):
+                await timeout.bound(self._raw.query(sql))
             else:
                 async with asyncio.timeout(timeout):
                     await self._raw.query(sql)
@@ -200,23 +206,23 @@ class Conn:
         return rows, int(result.insert_id or 0)
 
     async def write(
-        self, sql: str, *, timeout: float | None, harmless: Sequence[int] = ()
+        self, sql: str, *, timeout: Limit, harmless: Sequence[int] = ()
     ) -> tuple[int, int]:
         """Run an ``INSERT``; return how many rows it changed and its ``insert_id``."""
         _, insert_id = await self.query(sql, timeout=timeout, harmless=harmless)
         return int(self._raw._result.affected_rows or 0), insert_id
 
-    async def change(self, sql: str, *, timeout: float | None) -> int:
+    async def change(self, sql: str, *, timeout: Limit) -> int:
         """Run an ``UPDATE``/``DELETE``; return how many rows it changed."""
         await self.query(sql, timeout=timeout)
         return int(self._raw._result.affected_rows or 0)
 
-    async def value(self, sql: str, *, timeout: float | None) -> Any:
+    async def value(self, sql: str, *, timeout: Limit) -> Any:
         """The first column of the first row of a ``SELECT``."""
         rows, _ = await self.query(sql, timeout=timeout)
         return rows[0][0] if rows else None
 
-    async def row(self, sql: str, *, timeout: float | None) -> tuple[Any, ...]:
+    async def row(self, sql: str, *, timeout: Limit) -> tuple[Any, ...]:
         """The first row of a ``SELECT``."""
         rows, _ = await self.query(sql, timeout=timeout)
         return rows[0] if rows else ()

@@ -27,6 +27,7 @@ characters that need no escaping::
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from typing import Final
@@ -57,6 +58,7 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=1024)  # the same few names, again and again (hashing costs)
 def lock_name(namespace: str, family: str, name: str, slot: int | None = None) -> str:
     """The user-lock name for one lock (a semaphore: one of its slots)."""
     plain = f"{namespace}:{family}:{name}"

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import asyncpg
 
+from ._deadlines import Deadlines, Limit
+
 __all__ = ["DRIVER_ERRORS", "LOCK_TIMEOUT", "Conn", "ConnectSettings", "sqlstate"]
 
 DRIVER_ERRORS: Final[tuple[type[BaseException], ...]] = (
@@ -133,23 +135,33 @@ class Conn:
         """True inside an explicit transaction (left open by an abandoned statement)."""
         return bool(self._raw.is_in_transaction())
 
-    async def fetchrow(self, sql: str, *args: Any, timeout: float | None) -> tuple[Any, ...]:
-        """Run one statement (prepared and cached by asyncpg); its first row, or ``()``."""
+    async def fetchrow(self, sql: str, *args: Any, timeout: Limit) -> tuple[Any, ...]:
+        """Run one statement (prepared and cached by asyncpg); its first row, or ``()``.
+
+        ``timeout``: seconds, the backend's shared :class:`Deadlines` (its usual limit,
+        without a timer per statement), or None.
+        """
         try:
-            row = await self._raw.fetchrow(sql, *args, timeout=timeout)
+            if isinstance(timeout, Deadlines):
+                row = await timeout.bound(self._raw.fetchrow(sql, *args))
+            else:
+                row = await self._raw.fetchrow(sql, *args, timeout=timeout)
         except BaseException as exc:
             self._failed(exc)
             raise
         return tuple(row) if row is not None else ()
 
-    async def script(self, sql: str, *, timeout: float | None) -> None:
+    async def script(self, sql: str, *, timeout: Limit) -> None:
         """Run a script of statements (simple-query protocol: literal values only).
 
         The server runs them as one implicit transaction: on an error, a ``SET`` before it is
         rolled back too.
         """
         try:
-            await self._raw.execute(sql, timeout=timeout)
+            if isinstance(timeout, Deadlines):
+                await timeout.bound(self._raw.execute(sql))
+            else:
+                await self._raw.execute(sql, timeout=timeout)
         except BaseException as exc:
             self._failed(exc)
             raise

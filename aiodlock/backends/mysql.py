@@ -70,6 +70,7 @@ import asyncio
 import collections
 import contextlib
 import fnmatch
+import functools
 import logging
 import math
 import re
@@ -80,6 +81,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
+from ._deadlines import Deadlines, Limit
 from ._local_holders import LocalHolders
 from ._mysql_conn import DRIVER_ERRORS, Conn, ConnectSettings, error_code
 from ._mysql_names import check_table_name, fence_key, lock_name
@@ -350,6 +352,7 @@ class MySQLBackend:
 
         self._connect_timeout = seconds("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
         self._query_timeout = seconds("query_timeout", _DEFAULT_QUERY_TIMEOUT)
+        self._bounds = Deadlines(self._query_timeout)  # the usual statements' limit
         self._wait_slice = seconds("wait_slice", _DEFAULT_WAIT_SLICE)
         self._max_connections = _check_int(
             options.get("max_connections", _DEFAULT_MAX_CONNECTIONS),
@@ -412,7 +415,7 @@ class MySQLBackend:
         self._tg = tg
         try:
             conn = await self._checkout()
-            version = await conn.value("SELECT VERSION()", timeout=self._query_timeout)
+            version = await conn.value("SELECT VERSION()", timeout=self._bounds)
         except BaseException as exc:
             await self.aclose()
             self._raise_translated(exc, "connect")
@@ -433,6 +436,7 @@ class MySQLBackend:
             if tg is not None:
                 await tg.__aexit__(None, None, None)
         finally:
+            self._bounds.close()
             for conn in list(self._conns):
                 self._discard(conn)
             self._idle.clear()
@@ -600,12 +604,12 @@ class MySQLBackend:
                     return False  # released while we waited for the connection
                 ours = await conn.value(
                     f"SELECT IS_USED_LOCK('{held}') = CONNECTION_ID()",
-                    timeout=self._query_timeout,
+                    timeout=self._bounds,
                 )
                 wanted = _wait_timeout(ttl)
                 if ours == 1 and conn.wait_timeout != wanted:
                     await conn.query(
-                        f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout
+                        f"SET SESSION wait_timeout = {wanted}", timeout=self._bounds
                     )
                     conn.wait_timeout = wanted
             except DRIVER_ERRORS:  # TimeoutError among them
@@ -664,12 +668,12 @@ class MySQLBackend:
         ns, family, name = spec.namespace, _family(spec.kind), spec.name
         if spec.kind is not Kind.SEMAPHORE:
             target = lock_name(ns, family, name)
-            got = await conn.value(f"SELECT GET_LOCK('{target}', 0)", timeout=self._query_timeout)
+            got = await conn.value(f"SELECT GET_LOCK('{target}', 0)", timeout=self._bounds)
             return target if got == 1 else None
         # CASE stops at the first WHEN that holds: at most one slot is taken.
         slots = [lock_name(ns, family, name, i) for i in range(spec.limit)]
         whens = " ".join(f"WHEN GET_LOCK('{slot}', 0) = 1 THEN {i}" for i, slot in enumerate(slots))
-        index = await conn.value(f"SELECT CASE {whens} ELSE -1 END", timeout=self._query_timeout)
+        index = await conn.value(f"SELECT CASE {whens} ELSE -1 END", timeout=self._bounds)
         if index is None or int(index) < 0:
             return None
         return slots[int(index)]
@@ -697,18 +701,20 @@ class MySQLBackend:
             raise BackendError(f"{self._where}: the fencing bump returned no token")
         return token
 
-    def _fence_sql(self, template: str, spec: LockSpec, owner: str, **extra: str) -> str:
-        return template.format(
-            table=self._table,
-            key=fence_key(spec.namespace, spec.name).hex(),
-            label=lock_name(spec.namespace, "f", spec.name),
-            limit=spec.limit,
-            ns=_hex(spec.namespace),
-            name=_hex(spec.name),
-            owner=_hex(owner),
-            refresh=self._touch_every,
-            **extra,
+    def _fence_sql(
+        self, template: str, spec: LockSpec, owner: str, *, target: str = "", wait: str = ""
+    ) -> str:
+        made = _fence_statement(
+            template,
+            self._table,
+            spec.namespace,
+            spec.name,
+            spec.limit,
+            self._touch_every,
+            target,
+            wait,
         )
+        return made.replace(_OWNER, _hex(owner))
 
     async def _fence_query(
         self, conn: Conn, sql: str, ttl: float, *, timeout: float | None = None
@@ -719,10 +725,10 @@ class MySQLBackend:
         A missing table or column fails the statement before it runs, GET_LOCK included.
         ``timeout`` bounds the statement (default: the query timeout; a wait's is longer).
         """
-        bound = self._query_timeout if timeout is None else timeout
+        bound: Limit = self._bounds if timeout is None else timeout
         wanted = _wait_timeout(ttl)
         if conn.wait_timeout != wanted:
-            await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._query_timeout)
+            await conn.query(f"SET SESSION wait_timeout = {wanted}", timeout=self._bounds)
             conn.wait_timeout = wanted
         try:
             result = await conn.write(
@@ -745,12 +751,12 @@ class MySQLBackend:
                 touched_column=_TOUCHED_COLUMN.replace("ADD INDEX", "INDEX"),
                 who_columns=_WHO_COLUMNS.replace("ADD COLUMN ", "").replace("ADD INDEX", "INDEX"),
             )
-            await conn.query(ddl, timeout=self._query_timeout)
+            await conn.query(ddl, timeout=self._bounds)
             return
         for column in (_LIMIT_COLUMN, _TOUCHED_COLUMN, _WHO_COLUMNS):
             alter = f"ALTER TABLE {self._table} ADD COLUMN {column}"
             with contextlib.suppress(*DRIVER_ERRORS):  # it is there (made by another client)
-                await conn.query(alter, timeout=self._query_timeout, harmless=(_ER_DUP_FIELDNAME,))
+                await conn.query(alter, timeout=self._bounds, harmless=(_ER_DUP_FIELDNAME,))
 
     def _maybe_sweep(self) -> None:
         """Start a sweep of idle fencing rows if this client has not run one lately."""
@@ -773,7 +779,7 @@ class MySQLBackend:
             return
         try:
             for _ in range(_SWEEP_BATCHES):
-                if await conn.change(sql, timeout=self._query_timeout) < _SWEEP_BATCH:
+                if await conn.change(sql, timeout=self._bounds) < _SWEEP_BATCH:
                     break
         except Exception as exc:
             logger.debug("fence sweep failed on %s: %s", self._where, exc)
@@ -796,7 +802,7 @@ class MySQLBackend:
         """
         key = fence_key(spec.namespace, spec.name).hex()
         where = f"FROM {self._table} WHERE lock_key = X'{key}'"
-        timeout = self._query_timeout
+        timeout = self._bounds
         if await conn.value(f"SELECT sem_limit {where}", timeout=timeout) == spec.limit:
             return None
         await conn.query("START TRANSACTION", timeout=timeout)
@@ -822,7 +828,7 @@ class MySQLBackend:
         sql = f"SELECT sem_limit FROM {self._table} WHERE lock_key = X'{key}'"
         try:
             rows, _ = await conn.query(
-                sql, timeout=self._query_timeout, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
+                sql, timeout=self._bounds, harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD)
             )
         except DRIVER_ERRORS as exc:
             if error_code(exc) not in (_ER_NO_SUCH_TABLE, _ER_BAD_FIELD):
@@ -841,7 +847,7 @@ class MySQLBackend:
         family = _family(spec.kind)
         slots = [lock_name(spec.namespace, family, spec.name, i) for i in range(limit)]
         others = " + ".join(f"(IFNULL(IS_USED_LOCK('{s}'), {me}) <> {me})" for s in slots)
-        return bool(int(await conn.value(f"SELECT {others}", timeout=self._query_timeout)))
+        return bool(int(await conn.value(f"SELECT {others}", timeout=self._bounds)))
 
     async def _wait_once(self, spec: LockSpec, acq: _Acquisition, slice_: float) -> None:
         """One ``GET_LOCK(name, slice)``; on success the session holds it (acq.held)."""
@@ -937,7 +943,7 @@ class MySQLBackend:
         try:
             released, others = await conn.row(
                 f"SELECT RELEASE_LOCK('{held}'), RELEASE_ALL_LOCKS()",
-                timeout=self._query_timeout,
+                timeout=self._bounds,
             )
         except BaseException as exc:
             self._discard(conn)  # closing the session frees the lock anyway
@@ -1123,7 +1129,7 @@ class MySQLBackend:
                     thread_id = self._doomed.popleft()
                     await conn.query(
                         f"KILL CONNECTION {int(thread_id)}",
-                        timeout=self._query_timeout,
+                        timeout=self._bounds,
                         harmless=(_ER_NO_SUCH_THREAD,),
                     )
             except Exception as exc:
@@ -1224,7 +1230,7 @@ class MySQLBackend:
         try:
             rows, _ = await conn.query(
                 sql,
-                timeout=self._query_timeout,
+                timeout=self._bounds,
                 harmless=(_ER_NO_SUCH_TABLE, _ER_BAD_FIELD, _ER_NO_SUCH_THREAD),
             )
         except BaseException as exc:
@@ -1263,6 +1269,37 @@ def _holder_name(conn: int, holder: bytes | None, holder_conn: int | None) -> st
     if holder is not None and holder_conn is not None and int(holder_conn) == conn:
         return bytes(holder).decode("ascii", "replace")
     return f"connection {conn}"
+
+
+_OWNER: Final = "{owner}"  # left in a statement made for a lock, filled in per grant
+
+
+# Cached: the same few names are locked again and again, and the hashes, hex and formatting
+# of a statement cost more than the rest of the client's work on an uncontended grant.
+@functools.lru_cache(maxsize=1024)
+def _fence_statement(
+    template: str,
+    table: str,
+    namespace: str,
+    name: str,
+    limit: int,
+    refresh: int,
+    target: str,
+    wait: str,
+) -> str:
+    """A fencing statement for one lock, with ``{owner}`` still to fill in."""
+    return template.format(
+        table=table,
+        key=fence_key(namespace, name).hex(),
+        label=lock_name(namespace, "f", name),
+        limit=limit,
+        ns=_hex(namespace),
+        name=_hex(name),
+        owner=_OWNER,
+        refresh=refresh,
+        target=target,
+        wait=wait,
+    )
 
 
 def _hex(text: str) -> str:

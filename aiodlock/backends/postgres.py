@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from .._exceptions import BackendError, LimitMismatchError, UnsupportedError
 from .._validate import check_seconds
+from ._deadlines import Deadlines
 from ._local_holders import LocalHolders
 from ._pg_conn import DRIVER_ERRORS, LOCK_TIMEOUT, Conn, ConnectSettings, sqlstate
 from ._pg_keys import advisory_key, check_table_name, fence_key, split_key
@@ -214,6 +215,8 @@ _RELEASE: Final = (
     "set_config('idle_session_timeout', '0', false), "
     "set_config('application_name', 'aiodlock', false)"
 )
+_RELEASE_EXCLUSIVE: Final = _RELEASE.format(unlock="pg_advisory_unlock")
+_RELEASE_SHARED: Final = _RELEASE.format(unlock="pg_advisory_unlock_shared")
 _CLEAN: Final = (
     "SELECT pg_advisory_unlock_all(); SET idle_session_timeout = 0; SET lock_timeout = 0; "
     "SET application_name = 'aiodlock'"
@@ -295,8 +298,9 @@ class _Held:
     shared: bool
 
     @property
-    def unlock(self) -> str:
-        return "pg_advisory_unlock_shared" if self.shared else "pg_advisory_unlock"
+    def release_sql(self) -> str:
+        """The statement that gives the key back (and anything stacked by mistake)."""
+        return _RELEASE_SHARED if self.shared else _RELEASE_EXCLUSIVE
 
 
 class _Acquisition:
@@ -422,6 +426,7 @@ class PostgresBackend:
 
         self._connect_timeout = seconds("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
         self._query_timeout = seconds("query_timeout", _DEFAULT_QUERY_TIMEOUT)
+        self._bounds = Deadlines(self._query_timeout)  # the usual statements' limit
         self._wait_slice = seconds("wait_slice", _DEFAULT_WAIT_SLICE)
         self._fence_ttl = seconds("fence_ttl", _DEFAULT_FENCE_TTL, allow_zero=True)
         self._max_connections = _check_int(
@@ -477,7 +482,7 @@ class PostgresBackend:
                 "SELECT current_setting('server_version'), "
                 "current_setting('server_version_num')::integer, to_regclass($1) IS NOT NULL",
                 self._table,
-                timeout=self._query_timeout,
+                timeout=self._bounds,
             )
             version, number, exists = row
             if int(number) < 140000:
@@ -505,6 +510,7 @@ class PostgresBackend:
             if tg is not None:
                 await tg.__aexit__(None, None, None)
         finally:
+            self._bounds.close()
             conns, self._conns = list(self._conns), set()
             self._idle.clear()
             self._acqs.clear()
@@ -687,7 +693,7 @@ class PostgresBackend:
             wanted = _session_timeout_ms(ttl)
             try:
                 row = await conn.fetchrow(
-                    _KEEP_ALIVE, classid, objid, str(wanted), timeout=self._query_timeout
+                    _KEEP_ALIVE, classid, objid, str(wanted), timeout=self._bounds
                 )
             except DRIVER_ERRORS:  # TimeoutError among them
                 # The connection is gone (and the lock went with the session), or the
@@ -809,7 +815,7 @@ class PostgresBackend:
         self._require_open()
         conn = await self._checkout()
         try:
-            row = await conn.fetchrow(sql, *args, timeout=self._query_timeout)
+            row = await conn.fetchrow(sql, *args, timeout=self._bounds)
         except BaseException as exc:
             self._checkin(conn)  # or to the janitor, if the reply was abandoned
             self._raise_translated(exc, action)
@@ -845,7 +851,7 @@ class PostgresBackend:
             args.append(keys)
         args.append(_APPLICATION + owner)
         sql = self._grant_sql(spec.kind is Kind.READ, len(keys), claiming)
-        row = await conn.fetchrow(sql, *args, timeout=self._query_timeout)
+        row = await conn.fetchrow(sql, *args, timeout=self._bounds)
         slot, token, recorded = row[0], row[1], row[2]
         return (
             int(slot),
@@ -886,7 +892,7 @@ class PostgresBackend:
         many); the next attempt succeeds.
         """
         key = fence_key(spec.namespace, spec.name)
-        timeout = self._query_timeout
+        timeout = self._bounds
         await conn.script("BEGIN", timeout=timeout)
         row = await conn.fetchrow(
             f"SELECT sem_limit FROM {self._table} WHERE lock_key = $1 FOR UPDATE",
@@ -915,7 +921,7 @@ class PostgresBackend:
         row = await conn.fetchrow(
             f"SELECT sem_limit FROM {self._table} WHERE lock_key = $1",
             fence_key(spec.namespace, spec.name),
-            timeout=self._query_timeout,
+            timeout=self._bounds,
         )
         recorded = row[0] if row else None
         if recorded is None or int(recorded) == spec.limit:
@@ -928,7 +934,7 @@ class PostgresBackend:
         """Whether another session holds one of the slots of a semaphore of ``limit``."""
         ns, family = spec.namespace, _family(spec.kind)
         keys = [advisory_key(ns, family, spec.name, i) for i in range(limit)]
-        row = await conn.fetchrow(_HELD_BY_OTHERS, keys, timeout=self._query_timeout)
+        row = await conn.fetchrow(_HELD_BY_OTHERS, keys, timeout=self._bounds)
         return bool(row and row[0])
 
     async def _wait_once(self, spec: LockSpec, acq: _Acquisition, slice_: float) -> None:
@@ -1009,7 +1015,7 @@ class PostgresBackend:
         """Unlock on ``conn`` (and anything stacked by mistake); keep the connection."""
         try:
             row = await conn.fetchrow(
-                _RELEASE.format(unlock=held.unlock), held.key, timeout=self._query_timeout
+                held.release_sql, held.key, timeout=self._bounds
             )
         except BaseException as exc:
             self._give_up(conn)
@@ -1073,7 +1079,7 @@ class PostgresBackend:
     # ------------------------------------------------------------------ connections
 
     async def _create_fence_table(self, conn: Conn) -> None:
-        timeout = self._query_timeout
+        timeout = self._bounds
         for ddl in (_FENCE_DDL, _FENCE_INDEX, _FENCE_COMMENT):
             try:
                 await conn.script(ddl.format(table=self._table), timeout=timeout)
@@ -1117,7 +1123,7 @@ class PostgresBackend:
                 continue
             if loop.time() - conn.idle_since > _PING_AFTER_IDLE:
                 try:
-                    await conn.fetchrow("SELECT 1", timeout=self._query_timeout)
+                    await conn.fetchrow("SELECT 1", timeout=self._bounds)
                 except DRIVER_ERRORS:
                     self._discard(conn)
                     continue
@@ -1226,7 +1232,7 @@ class PostgresBackend:
             self._discard(conn)
             return
         try:
-            await conn.script(_CLEAN, timeout=self._query_timeout)
+            await conn.script(_CLEAN, timeout=self._bounds)
             # Abandoned inside a transaction (a semaphore's limit check): closing is simpler
             # than knowing what the transaction did.
             if conn.in_transaction:
@@ -1245,7 +1251,7 @@ class PostgresBackend:
         sql = _SWEEP.format(table=self._table, batch=_SWEEP_BATCH)
         try:
             for _ in range(_SWEEP_BATCHES):
-                row = await conn.fetchrow(sql, self._fence_ttl, timeout=self._query_timeout)
+                row = await conn.fetchrow(sql, self._fence_ttl, timeout=self._bounds)
                 if not row or int(row[0]) < _SWEEP_BATCH:
                     break
         finally:

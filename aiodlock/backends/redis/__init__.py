@@ -20,7 +20,6 @@ bottom::
     _source    ConnectionSource: how the other modules reach the server(s)
     _errors    redis-py exceptions -> BackendError, password-free
     _slots     which queued command gets the next connection (releases first)
-    _deadlines the per-command time limit (one sweeper task instead of a timer per call)
     _scripts   the Lua scripts, one named constant per atomic step, and EVALSHA dispatch
     _keys      the key layout of one lock name (the ``{ns:name}`` hash tag)
 

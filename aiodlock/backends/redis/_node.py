@@ -4,7 +4,7 @@
 :class:`NodeSource` owns the connection settings taken from the URL and the options (host and
 port or socket path, TLS, database, username and password, timeouts, client name), the
 redis-py client with its pool of command connections, the side connections handed to the
-waiters, the sweeper that bounds every command, and the translation of driver errors.
+waiters, the deadlines that bound every command, and the translation of driver errors.
 
 redis-py's own retries are off: retrying a non-idempotent acquire whose reply was lost would
 make us our own blocker; instead the core compensates with release-if-owner, which the
@@ -61,7 +61,7 @@ from redis.exceptions import RedisError
 
 from ..._exceptions import BackendError
 from ..._validate import check_bool, check_seconds
-from ._deadlines import Deadlines
+from .._deadlines import Deadlines
 from ._errors import ErrorMap
 from ._slots import Slots, wait_outcome
 
@@ -151,7 +151,6 @@ class NodeSource:
         self._deadlines = Deadlines(socket_timeout)
         self._clock: Callable[[], float] = time.monotonic  # the loop's clock once open
         self._tg: asyncio.TaskGroup | None = None
-        self._sweeper: asyncio.Task[None] | None = None
         self._errors: dict[str, ErrorMap] = {}
 
     def __repr__(self) -> str:
@@ -177,7 +176,6 @@ class NodeSource:
         self._clock = asyncio.get_running_loop().time
         self._tg = tg = asyncio.TaskGroup()
         await tg.__aenter__()
-        self._sweeper = tg.create_task(self._deadlines.sweep())
         self._client = client
 
     async def aclose(self) -> None:
@@ -191,19 +189,18 @@ class NodeSource:
         self._closed = True
         client, self._client = self._client, None
         if client is not None:
-            # Every slot free means no command is in flight (the sweeper still bounds them);
-            # commands still queued fail fast on the way: _client is None.
+            # Every slot free means no command is in flight (their deadlines still bound
+            # them); commands still queued fail fast on the way: _client is None.
             await self._slots.idle()
         spare, self._spare = self._spare, []
         for held in spare:
             await held.aclose()  # gives its connection back to the pool
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        self._deadlines.close()
         tg, self._tg = self._tg, None
         if tg is not None:
-            # The sweeper ends on cancellation, and commands that outlived their callers have
-            # handed back their slots (so they are done); none of them raises, so this is safe
-            # from any task (a failing child would cancel the task that entered the group).
+            # Commands that outlived their callers have handed back their slots (so they are
+            # done); none of them raises, so this is safe from any task (a failing child would
+            # cancel the task that entered the group).
             await tg.__aexit__(None, None, None)
         if client is not None:
             await client.aclose()
