@@ -84,9 +84,22 @@ class Keeper:
     def start(self) -> None:
         """Start the keep-alive task (unless the client is closing: its holdings end the
         lease)."""
-        self.task = self._supervisor._spawn_keeper(
-            self._state, self._ttl, self._max_hold, self._started, self._signal
-        )
+        supervisor = self._supervisor
+        if supervisor.running:
+            name = f"aiodlock-keepalive-{self._state.spec.name}"
+            self.task = supervisor._spawn(self._keep(), name=name)
+
+    async def _keep(self) -> None:
+        # keep_alive reports a loss through the lease's state before raising it.
+        with contextlib.suppress(LockLostError):
+            await keep_alive(
+                self._supervisor._backend,
+                self._state,
+                ttl=self._ttl,
+                max_hold=self._max_hold,
+                started=self._started,
+                lost_signal=self._signal,
+            )
 
     def watch(self, signal: LossSignal) -> None:
         """Start the task as soon as ``signal`` (the lease's) is set, if it has not started by
@@ -253,43 +266,9 @@ class Supervisor:
             keeper.watch(signal)  # after push: a signal set already starts the task at once
         return keeper
 
-    def _spawn_keeper(
-        self,
-        state: LeaseState,
-        ttl: float,
-        max_hold: float | None,
-        started: float,
-        signal: asyncio.Event | None,
-    ) -> asyncio.Task[None] | None:
-        if self._group is None:
-            return None  # the client is closing: its holdings end the lease
-        return self._spawn(
-            self._keep(state, ttl, max_hold, started, signal),
-            name=f"aiodlock-keepalive-{state.spec.name}",
-        )
-
     def _drop_first_renewals(self, queue: _FirstRenewals) -> None:
         if self._first_renewals.get(queue.delay) is queue:
             del self._first_renewals[queue.delay]
-
-    async def _keep(
-        self,
-        state: LeaseState,
-        ttl: float,
-        max_hold: float | None,
-        started: float,
-        signal: asyncio.Event | None,
-    ) -> None:
-        # keep_alive reports a loss through the lease's state before raising it.
-        with contextlib.suppress(LockLostError):
-            await keep_alive(
-                self._backend,
-                state,
-                ttl=ttl,
-                max_hold=max_hold,
-                started=started,
-                lost_signal=signal,
-            )
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release-if-owner; if cancelled midway, finish it in the background.

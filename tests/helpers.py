@@ -8,11 +8,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import pytest
+
 import aiodlock
 from aiodlock.testing import Hold
 
 __all__ = [
     "FailoverLoad",
+    "cut_off_grants",
     "eventually",
     "release_meets_keep_alives",
     "taken_once_free",
@@ -25,6 +28,34 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - nothing to wait on but the condition
             await asyncio.sleep(0.001)
+
+
+async def cut_off_grants(
+    client: aiodlock.LockClient,
+    block: Callable[[], Awaitable[object]],
+    unblock: Callable[[], Awaitable[object]],
+    *,
+    times: int = 2,
+) -> list[float]:
+    """With the server kept from answering (``block()`` ... ``unblock()``), how long each of
+    ``times`` grants took to fail with ``BackendError`` (TimeoutError); then check that the
+    client still grants."""
+    loop = asyncio.get_running_loop()
+    async with client.lock("warm"):
+        pass  # connected, tables made: what follows waits only for the blocked statement
+    took = []
+    for _ in range(times):
+        await block()
+        try:
+            started = loop.time()
+            with pytest.raises(aiodlock.BackendError, match="TimeoutError"):
+                await client.lock("cut-off").try_acquire()
+            took.append(loop.time() - started)
+        finally:
+            await unblock()
+    async with client.lock("cut-off", timeout=5) as lease:
+        assert lease.fencing_token > 0
+    return took
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> float:

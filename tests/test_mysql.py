@@ -25,7 +25,7 @@ import pytest
 import aiodlock
 from aiodlock.backends import Busy, Kind, LockSpec
 from aiodlock.testing import History
-from tests.helpers import eventually, release_meets_keep_alives, taken_once_free
+from tests.helpers import cut_off_grants, eventually, release_meets_keep_alives, taken_once_free
 from tests.servers import free_port
 from tests.support_mysql import MAX_LOCK_NAME, MariaDBServer, MySQLProbe, lock_name
 
@@ -286,25 +286,15 @@ async def test_a_statement_without_an_answer_is_cut_off_at_query_timeout(
     """The grant and release statements share one timer for all (no timer per statement):
     a grant the server does not answer (its fencing table is locked by an operator) fails
     with BackendError right after query_timeout, and the client goes on working."""
-    loop = asyncio.get_running_loop()
     table = f"fence_{uuid.uuid4().hex[:12]}"
     try:
         async with connect(mysql_url, ns, fence_table=table, query_timeout=0.5) as c:
-            async with c.lock("warm"):
-                pass  # the table exists
-            took = []
-            for _ in range(2):
-                await probe.rows(f"LOCK TABLES {table} WRITE")
-                try:
-                    started = loop.time()
-                    with pytest.raises(aiodlock.BackendError, match="TimeoutError"):
-                        await c.lock("k").try_acquire()
-                    took.append(loop.time() - started)
-                finally:
-                    await probe.rows("UNLOCK TABLES")
-            assert all(0.5 <= t < 0.7 for t in took), took
-            async with c.lock("k", timeout=5) as lease:
-                assert lease.fencing_token > 0
+            took = await cut_off_grants(
+                c,
+                lambda: probe.rows(f"LOCK TABLES {table} WRITE"),
+                lambda: probe.rows("UNLOCK TABLES"),
+            )
+        assert all(0.5 <= t < 0.7 for t in took), took
     finally:
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
 
