@@ -11,13 +11,8 @@ connections.
 
 Example (what a lock does around its wait)::
 
-    inflight.enter(task)
-    try:
+    with inflight.entered(task, spec):
         granted = await wait_for_grant(...)
-    except BaseException as exc:
-        inflight.leave(task, spec, exc)
-        raise
-    inflight.leave(task, spec, None)
     ...
     await inflight.interrupt()  # the client is closing
 """
@@ -25,6 +20,7 @@ Example (what a lock does around its wait)::
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
 from typing import Any, Final
 
 from .backends._protocol import LockSpec
@@ -50,6 +46,10 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def entered(self, task: asyncio.Task[Any], spec: LockSpec) -> _Entered:
+        """A ``with`` block around one acquire of ``spec`` by ``task`` (the current task)."""
+        return _Entered(self, task, spec)
+
     async def interrupt(self) -> None:
         """Refuse new acquires; cancel every one in flight and wait (bounded) until each has
         left."""
@@ -68,7 +68,7 @@ class InFlight:
             pass  # the stragglers meet a closed client and fail on their own
 
     def enter(self, task: asyncio.Task[Any]) -> None:
-        """``task`` starts an acquire; it must :meth:`leave` it whichever way the acquire ends.
+        """``task`` starts an acquire (use :meth:`entered`).
 
         Raises:
             RuntimeError: the client is closing.
@@ -95,3 +95,22 @@ class InFlight:
                 f"the LockClient was closed while waiting for {spec.describe()}"
             ) from None
 
+
+class _Entered:
+    __slots__ = ("_inflight", "_spec", "_task")
+
+    def __init__(self, inflight: InFlight, task: asyncio.Task[Any], spec: LockSpec) -> None:
+        self._inflight = inflight
+        self._task = task
+        self._spec = spec
+
+    def __enter__(self) -> None:
+        self._inflight.enter(self._task)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._inflight.leave(self._task, self._spec, exc)

@@ -165,9 +165,7 @@ class BaseLock:
         context = self._context
         context.supervisor.require_running()
         started = asyncio.get_running_loop().time()
-        inflight = context.inflight
-        inflight.enter(task)
-        try:
+        with context.inflight.entered(task, self._spec):
             granted = await attempt_once(
                 context.backend,
                 context.supervisor,
@@ -175,10 +173,6 @@ class BaseLock:
                 ttl=self.ttl,
                 counters=self._counters,
             )
-        except BaseException as exc:
-            inflight.leave(task, self._spec, exc)
-            raise
-        inflight.leave(task, self._spec, None)
         return None if granted is None else self._hold(granted, task, started).lease
 
     async def _take(
@@ -191,25 +185,21 @@ class BaseLock:
         context = self._context
         context.supervisor.require_running()
         started = asyncio.get_running_loop().time()
-        inflight = context.inflight
-        inflight.enter(task)
-        try:
-            granted = await wait_for_grant(
-                context.backend,
-                context.supervisor,
-                context.holdings.turns,
-                self._spec,
-                ttl=self.ttl,
-                timeout=timeout,
-                counters=self._counters,
-            )
-        except BaseException as exc:
-            if isinstance(exc, LockTimeoutError):
+        with context.inflight.entered(task, self._spec):
+            try:
+                granted = await wait_for_grant(
+                    context.backend,
+                    context.supervisor,
+                    context.holdings.turns,
+                    self._spec,
+                    ttl=self.ttl,
+                    timeout=timeout,
+                    counters=self._counters,
+                )
+            except LockTimeoutError:
                 waited = asyncio.get_running_loop().time() - started
                 _telemetry.timed_out(self._spec, waited=waited)
-            inflight.leave(task, self._spec, exc)  # closed meanwhile: RuntimeError instead
-            raise
-        inflight.leave(task, self._spec, None)
+                raise
         return self._hold(granted, task, started)
 
     def _reentry(self, task: asyncio.Task[Any], *, strict: bool) -> LiveLease | None:
