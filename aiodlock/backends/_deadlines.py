@@ -23,8 +23,8 @@ __all__ = ["EARLY", "Deadlines", "Limit"]
 T = TypeVar("T")
 
 EARLY: Final = 0.001
-"""How early a loop may fire a timer (uvloop counts in milliseconds): a deadline this close
-is due."""
+"""How early a loop may fire a timer (uvloop counts in milliseconds). A request is never cut
+off before its limit: a timer that fires early is armed again this much after the deadline."""
 
 
 class Deadlines:
@@ -87,11 +87,11 @@ class Deadlines:
     def _fire(self) -> None:
         self._timer = None
         loop = asyncio.get_running_loop()
-        now = loop.time() + EARLY
+        now = loop.time()
         overdue = self._overdue
         for task, deadline in self._inflight.items():
             if deadline > now:
-                self._timer = loop.call_at(deadline, self._fire)
+                self._timer = loop.call_at(deadline + EARLY, self._fire)
                 return
             if task not in overdue:
                 overdue.add(task)
