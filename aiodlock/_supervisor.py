@@ -30,6 +30,7 @@ from typing import Any, Final
 from ._exceptions import LockLostError
 from ._lease import LeaseState
 from ._watchdog import RENEWALS_PER_TTL, keep_alive
+from .backends._deadlines import EARLY
 from .backends._protocol import Backend, LockSpec, LossSignal
 
 __all__ = ["RELEASE_TIMEOUT", "Keeper", "Supervisor", "logger"]
@@ -101,10 +102,11 @@ class Keeper:
                 lost_signal=self._signal,
             )
 
-    def watch(self, signal: LossSignal) -> None:
-        """Start the task as soon as ``signal`` (the lease's) is set, if it has not started by
+    def watch(self) -> None:
+        """Start the task as soon as the lease's loss signal is set, if it has not started by
         then."""
-        signal.add_callback(self._start_now)
+        assert isinstance(self._signal, LossSignal)
+        self._signal.add_callback(self._start_now)
 
     def _start_now(self) -> None:
         if self._queue is not None:
@@ -183,8 +185,9 @@ class _FirstRenewals:
     def _fire(self) -> None:
         self._timer = None
         due = self._due
-        # Timers may fire a little before their time (uvloop counts in milliseconds).
-        now = self._loop.time() + 0.001
+        # Timers may fire a little before their time: a keep-alive started that early is
+        # harmless, so what is due within EARLY is due now.
+        now = self._loop.time() + EARLY
         while due:
             keeper = next(iter(due))
             when = due[keeper]
@@ -263,7 +266,7 @@ class Supervisor:
             )
         queue.push(keeper, started)
         if signal is not None:
-            keeper.watch(signal)  # after push: a signal set already starts the task at once
+            keeper.watch()  # after push: a signal set already starts the task at once
         return keeper
 
     def _drop_first_renewals(self, queue: _FirstRenewals) -> None:
