@@ -267,6 +267,41 @@ async def test_a_blpop_release_knows_a_waiter_of_its_own_client_as_its_registrat
         await lease.release()
 
 
+async def test_a_blpop_wait_that_starts_as_its_last_blpop_ends_blocks_again(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A waiter's BLPOP that timed out on the server while the waiter was re-checking ends its
+    task; the waiter's next wait() can start in the very loop step that task ended, before the
+    task's clean-up callback has run. That wait must send a BLPOP of its own: counting on the
+    ended one left a waiter deaf to every release until its own timer ran out (across 10
+    processes, 10 s stalls, the lease of the lock it waited for)."""
+    key, registry = b"{gap:k}:signal", b"{gap:k}:waiters"
+    async with aiodlock.connect(redis_url, namespace="gap", wakeup="blpop") as locks:
+        signals = locks.backend._signals  # type: ignore[attr-defined]
+        async with signals.waiter(key, "w", registry=registry, lists=(key,)) as waiter:
+            for _ in range(5):  # until our timer ends a wait before the server's reply comes
+                await waiter.wait(0.05)
+                read = waiter._read
+                if read is not None and not read.done():
+                    break
+            assert read is not None and not read.done()
+            # Step by step until the server's timeout reply ends the task: awaiting the task
+            # itself would resume us only after its clean-up callback, the state not under test.
+            while not read.done():  # noqa: ASYNC110
+                await asyncio.sleep(0)
+
+            async def token_later() -> None:
+                await asyncio.sleep(0.2)
+                await raw.lpush(key, b"1")
+
+            pusher = asyncio.create_task(token_later())
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await waiter.wait(5)  # started in this step: the ended task is not cleaned up yet
+            assert loop.time() - began < 2, "the wait missed the token pushed after 0.2 s"
+            await pusher
+
+
 async def test_a_handoff_yields_to_a_client_that_waited_longer(
     redis_url: str, raw: aioredis.Redis
 ) -> None:

@@ -192,6 +192,7 @@ class BlpopWaiter:
     __slots__ = (
         "_cap",
         "_deadline",
+        "_ended",
         "_entered",
         "_flag",
         "_fut",
@@ -230,6 +231,7 @@ class BlpopWaiter:
         self._fut: asyncio.Future[None] | None = None
         self._deadline = 0.0  # loop time the current wait() ends (inf: no limit)
         self._read: asyncio.Task[None] | None = None
+        self._ended: Callable[[asyncio.Task[None]], None] | None = None  # _read's clean-up
         self._healthy = False  # the last BLPOP task left its connection fit for reuse
         self._read_until = 0.0  # loop time the BLPOP in flight times out on the server
 
@@ -332,6 +334,13 @@ class BlpopWaiter:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._deadline = math.inf if timeout is None else now + timeout
+        read = self._read
+        if read is not None and read.done() and self._ended is not None:
+            # It ended in this loop step (a server-side timeout read while no wait() ran) and
+            # its clean-up callback has not run yet: run it now. Counting on a BLPOP that can
+            # no longer pop would leave this wait deaf to every release until its own timer.
+            read.remove_done_callback(self._ended)
+            self._ended(read)
         if self._read is None:
             route, conn = await sigs._acquire(self._key)
             read = sigs._spawn(self._blpop(conn))
@@ -340,7 +349,8 @@ class BlpopWaiter:
                 return
             # Cleaned up by a callback, not in the task: a task cancelled before its first
             # step never runs its finally clause, and would keep the connection.
-            read.add_done_callback(functools.partial(self._read_ended, route, conn))
+            self._ended = functools.partial(self._read_ended, route, conn)
+            read.add_done_callback(self._ended)
             self._read = read
             sigs._reads.add(read)
         fut: asyncio.Future[None] = loop.create_future()
@@ -406,6 +416,7 @@ class BlpopWaiter:
         sigs = self._sigs
         if self._read is read:
             self._read = None
+            self._ended = None
         sigs._reads.discard(read)
         sigs._release(route, conn, healthy=self._healthy and not read.cancelled())
         if sigs.closed:
