@@ -164,15 +164,18 @@ def _uncontended(doc: Doc, backend: str) -> str:
     for r in _rows(doc, backend, "uncontended"):
         m = r["median"]
         if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", ""])
+            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", ""])
             continue
         if isinstance(m.get("ratio_p50"), int | float):
             ratio = _f(m["ratio_p50"], 2, TIMES)  # paired with the floor in the same process
         else:
             ratio = _f(m["p50"] / _floor_p50(doc, backend, r["loop"]), 2, TIMES + " *")
+        cpu_ratio = _f(m["cpu_ratio"], 2, TIMES) if "cpu_ratio" in m else ""
         lines.append([_label(doc, r), r["loop"], _f(m["p50"], 3), _f(m["p99"], 3),
-                      _f(m["per_second"], 0), ratio])  # fmt: skip
-    return _table(["library", "loop", "p50 ms", "p99 ms", "cycles/s", "p50 ÷ raw floor"], lines)
+                      _f(m["per_second"], 0), ratio, _f(m.get("cpu_us", math.nan), 0),
+                      cpu_ratio])  # fmt: skip
+    return _table(["library", "loop", "p50 ms", "p99 ms", "cycles/s", "p50 ÷ raw floor",
+                   "client CPU µs", "CPU ÷ raw floor's"], lines)  # fmt: skip
 
 
 def _contended(doc: Doc, backend: str) -> str:
@@ -181,7 +184,7 @@ def _contended(doc: Doc, backend: str) -> str:
     for r in rows:
         m = r["median"]
         if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", "", "", "", ""])
+            lines.append([_label(doc, r), r["loop"], _failed(r), *[""] * 9])
             continue
         stall = " (stalled)" if m.get("stalled") else ""
         spread = ""
@@ -190,10 +193,11 @@ def _contended(doc: Doc, backend: str) -> str:
         lines.append([_label(doc, r), r["loop"], _f(m["throughput"], 0) + stall,
                       _f(m["efficiency"] * 100, 0, " %"), _f(m.get("hold_mean", math.nan), 2),
                       _f(m.get("handover_p50", math.nan), 3),
+                      _f(m.get("cpu_per_grant_us", math.nan), 0),
                       _f(m["wait_p50"], 1), _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
                       str(int(m["violations"])) if m.get("violations") else "0"])  # fmt: skip
     return _table(["library", "loop", "grants/s", "efficiency", "hold ms", "handover p50 ms",
-                   "wait p50 ms",
+                   "client CPU µs per grant", "wait p50 ms",
                    "wait p99 ms", "wait max ms", "grants per process", "overlaps"],
                   lines)  # fmt: skip
 
@@ -317,7 +321,13 @@ def markdown(doc: Doc) -> str:
         "acquire's own round trip (Redis: `SET NX PX` and the token in one script; MySQL: "
         "`GET_LOCK` as the condition of the token's `INSERT ... ON DUPLICATE KEY UPDATE` on "
         "an InnoDB table; PostgreSQL: `pg_try_advisory_lock` and the token's `INSERT ... ON "
-        "CONFLICT` in one statement): the least any lock that fences every grant sends.",
+        "CONFLICT` in one statement): the least any lock that fences every grant sends. "
+        "*Client CPU* is the measuring process's own CPU time per cycle (user + system, "
+        "`time.process_time`), and *CPU ÷ raw floor's* the same paired with the floor's "
+        "blocks: what the library computes, apart from waiting for the server. Where the "
+        "machine halts an idle CPU while a reply is on its way (virtual machines do), the "
+        "wall-clock ratio also carries that wake-up, which varies from cell to cell; the "
+        "CPU ratio does not.",
         f"- **Contended**: {s['workers']} workers (asyncio tasks in one process; threads for "
         f"blocking libraries; the *processes* rows: {s['workers']} processes with one task "
         "(or thread) each, the case a distributed lock exists for) loop on one lock for "
@@ -336,7 +346,10 @@ def markdown(doc: Doc) -> str:
         "step as the sleep began, while uvloop's timers may fire early; compare "
         "grants/s together with it. *Handover* is the lock's idle time per grant, from one "
         "holder's end to the next holder's grant (median): what the library itself costs a "
-        "contended lock. *Wait* is the time from "
+        "contended lock. *Client CPU per grant*: the CPU time of the workers' process (all "
+        "of them, in the processes rows) from the start until the last worker finished, "
+        "divided by the holds: in one process one event loop does all of it, so it bounds "
+        "the grants per second. *Wait* is the time from "
         "asking to being granted, per acquisition: a low p50 with a huge p99/max means one "
         "worker keeps re-taking the lock while others starve (non-fair barging); when one "
         "worker takes nearly every grant, even the p99 stays low and only the max shows the "

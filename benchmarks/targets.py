@@ -57,6 +57,9 @@ def _uncontended(find: Finder, library: str, floor: str, loop: str, label: str,
     fenced = _num(find(floor.replace("raw-", "fenced-floor-", 1), "uncontended", loop),
                   "ratio_p50")
     also = "" if math.isnan(fenced) else f"; fenced floor {fenced:.2f}{TIMES}"
+    cpu = _num(row, "cpu_ratio")  # the client's own CPU per cycle, paired with the floor's
+    if not math.isnan(cpu):
+        also += f"; client CPU {cpu:.2f}{TIMES} the floor's"
     return _entry(f"{backend} uncontended ≤ {limit:g}{TIMES} raw floor (p50, paired)",
                   f"{label} [{loop}]",
                   f"{ratio:.2f}{TIMES} ({mine:.3f} vs {raw:.3f} ms{also})",
@@ -156,10 +159,13 @@ def _processes(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     best, who = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop,
                                  "contended_procs")
     ok = None if math.isnan(thr) else thr >= best and worst <= 500 and fairest >= 0.25
+    cpu = _num(row, "cpu_per_grant_us")
+    their_cpu = _num(find(who, "contended_procs", loop), "cpu_per_grant_us") if who else math.nan
     yield _entry("Redis across 10 processes: grants/s ≥ best incumbent, wait max ≤ 500 ms, "
                  "no process below 25 % of the mean", f"aiodlock pub/sub [{loop}]",
                  f"{thr:.0f}/s vs {who} {best:.0f}/s; max {worst:.0f} ms; "
-                 f"min/mean {fairest:.2f}", ok)  # fmt: skip
+                 f"min/mean {fairest:.2f}; client CPU per grant {cpu:.0f} vs {their_cpu:.0f} µs",
+                 ok)  # fmt: skip
     row = find("aiodlock-redis-fair", "contended_procs", loop)
     eff, worst = _num(row, "efficiency"), _num(row, "wait_max")
     baton = _num(find("pubsub-baton", "contended_procs", loop), "efficiency")
@@ -178,10 +184,16 @@ def _ceiling(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     for loop in loops:
         ceiling = _num(find("asyncio-lock", "contended", loop), "throughput")
         for key, label, fenced_key in subjects:
-            thr = _num(find(key, "contended", loop), "throughput")
+            row = find(key, "contended", loop)
+            thr = _num(row, "throughput")
             share = thr / ceiling
-            fenced = _num(find(fenced_key, "contended", loop), "throughput") / ceiling
+            fenced_row = find(fenced_key, "contended", loop)
+            fenced = _num(fenced_row, "throughput") / ceiling
             also = "" if math.isnan(fenced) else f"; with one fencing write per grant: {fenced:.0%}"
+            cpu = _num(row, "cpu_per_grant_us")
+            if not math.isnan(cpu):  # one loop does it all: its CPU per grant bounds grants/s
+                also += (f"; client CPU per grant {cpu:.0f} µs, "
+                         f"that ceiling's {_num(fenced_row, 'cpu_per_grant_us'):.0f} µs")
             yield _entry("in one process (10 tasks, 1 ms): ≥ 85 % of the asyncio.Lock ceiling",
                          f"aiodlock {label} [{loop}]",
                          f"{share:.0%} ({thr:.0f} vs {ceiling:.0f}/s{also})",

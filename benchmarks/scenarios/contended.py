@@ -4,12 +4,15 @@ Runs for ``duration`` seconds. Throughput counts grants inside that window; the 
 acquisition started inside the window is recorded, including those granted after it closed
 (leaving them out would flatter an unfair library). Efficiency = throughput * section (the
 fraction of the window the lock was doing useful work; 1.0 is the ideal). Holders are counted
-in-process, so an overlap of two holders here is reported as a violation.
+in-process, so an overlap of two holders here is reported as a violation. ``cpu_per_grant_us``
+is the CPU time the workers' process(es) used from the start until the last worker finished
+(``time.process_time``), per hold: what one grant costs the clients, apart from the servers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ class Tally:
     per_process: list[int] = field(default_factory=list)
     # How long each critical section really took: a loop's timers may fire late or early.
     held: list[float] = field(default_factory=list)
+    cpu: float = 0.0  # seconds of client CPU (every process's) over the run
 
     def result(self, section: float) -> dict[str, object]:
         throughput = self.grants / (self.end - self.start)
@@ -50,6 +54,7 @@ class Tally:
             "stalled": self.stalled,
             "hold_mean": summary_ms(self.held)["mean"],
             "handover_p50": summary_ms(_handovers(self.holds))["p50"],
+            "cpu_per_grant_us": 1e6 * self.cpu / len(self.holds) if self.holds else math.nan,
         }
         if self.per_process:
             out["grants_min"] = min(self.per_process)
@@ -64,6 +69,7 @@ class Tally:
             "holds": self.holds,
             "held": self.held,
             "violations": self.violations,
+            "cpu": self.cpu,
         }
 
     def merge(self, other: dict[str, object]) -> None:
@@ -81,6 +87,7 @@ class Tally:
         self.held.extend(float(h) for h in held)
         self.violations += int(other["violations"])  # type: ignore[call-overload]
         self.stalled = self.stalled or bool(other["stalled"])
+        self.cpu += float(other.get("cpu", 0.0))  # type: ignore[arg-type]
 
 
 def _handovers(holds: list[tuple[float, float]]) -> list[float]:
@@ -138,12 +145,14 @@ async def run_async(
 
     if begin > clock():
         await asyncio.sleep(begin - clock())
+    cpu = time.process_time()
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     _, pending = await asyncio.wait(tasks, timeout=max(0.0, tally.end - clock()) + grace)
     for task in pending:
         task.cancel()
     tally.stalled = bool(pending)
     await asyncio.gather(*tasks, return_exceptions=True)
+    tally.cpu = time.process_time() - cpu
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
@@ -192,12 +201,14 @@ def run_threads(
 
     if begin > clock():
         time.sleep(begin - clock())
+    cpu = time.process_time()
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(max(0.0, tally.end + grace - clock()))
     tally.stalled = any(thread.is_alive() for thread in threads)
+    tally.cpu = time.process_time() - cpu
     if errors:
         raise errors[0]
     return tally

@@ -4,6 +4,12 @@ Given the raw floor too (asynchronous libraries), the cycles alternate in blocks
 ``BLOCK``: floor, library, floor, library... in the same process and event loop, so both see
 the same machine at the same moments, and ``ratio_p50`` / ``ratio_mean`` compare them paired.
 A busy neighbour on a shared machine then slows both alike instead of skewing the ratio.
+
+``cpu_us`` is the client's own CPU time per cycle (``time.process_time``: this process, user
+and system), and ``cpu_ratio`` the same paired against the floor's: the part of a cycle the
+library itself computes, apart from the time it waits for the server. Where a machine halts
+an idle CPU between request and reply (virtual machines do), the wall-clock ratio also
+carries that wake-up, which differs from cycle to cycle; the CPU ratio does not.
 """
 
 from __future__ import annotations
@@ -19,20 +25,27 @@ __all__ = ["BLOCK", "run_async", "run_sync"]
 BLOCK = 100
 
 
-def _result(latencies: list[float]) -> dict[str, object]:
+def _result(latencies: list[float], cpu: float) -> dict[str, object]:
     stats = summary_ms(latencies)
-    return {**stats, "per_second": 1e3 / stats["mean"] if stats["mean"] else 0.0}
+    return {
+        **stats,
+        "per_second": 1e3 / stats["mean"] if stats["mean"] else 0.0,
+        "cpu_us": 1e6 * cpu / len(latencies),
+    }
 
 
-async def _cycles(adapter: AsyncAdapter, name: str, count: int, ttl: float) -> list[float]:
+async def _cycles(
+    adapter: AsyncAdapter, name: str, count: int, ttl: float, latencies: list[float]
+) -> float:
+    """Run ``count`` cycles, appending each one's latency; return the CPU time they took."""
     clock = time.perf_counter
-    latencies = []
+    cpu = time.process_time()
     for _ in range(count):
         start = clock()
         async with adapter.hold(name, ttl=ttl):
             pass
         latencies.append(clock() - start)
-    return latencies
+    return time.process_time() - cpu
 
 
 async def run_async(
@@ -45,22 +58,26 @@ async def run_async(
     floor: AsyncAdapter | None = None,
 ) -> dict[str, object]:
     if floor is None:
-        await _cycles(adapter, name, warmup, ttl)
-        return _result(await _cycles(adapter, name, cycles, ttl))
-    await _cycles(floor, f"{name}-floor", warmup, ttl)
-    await _cycles(adapter, name, warmup, ttl)
+        await _cycles(adapter, name, warmup, ttl, [])
+        latencies: list[float] = []
+        return _result(latencies, await _cycles(adapter, name, cycles, ttl, latencies))
+    await _cycles(floor, f"{name}-floor", warmup, ttl, [])
+    await _cycles(adapter, name, warmup, ttl, [])
     mine: list[float] = []
     theirs: list[float] = []
+    my_cpu = their_cpu = 0.0
     for _ in range(math.ceil(cycles / BLOCK)):
-        theirs += await _cycles(floor, f"{name}-floor", BLOCK, ttl)
-        mine += await _cycles(adapter, name, BLOCK, ttl)
-    result, base = _result(mine), summary_ms(theirs)
+        their_cpu += await _cycles(floor, f"{name}-floor", BLOCK, ttl, theirs)
+        my_cpu += await _cycles(adapter, name, BLOCK, ttl, mine)
+    result, base = _result(mine, my_cpu), _result(theirs, their_cpu)
     return {
         **result,
         "floor_p50": base["p50"],
         "floor_mean": base["mean"],
+        "floor_cpu_us": base["cpu_us"],
         "ratio_p50": result["p50"] / base["p50"],  # type: ignore[operator]
         "ratio_mean": result["mean"] / base["mean"],  # type: ignore[operator]
+        "cpu_ratio": my_cpu / their_cpu if their_cpu else math.nan,
     }
 
 
@@ -69,10 +86,13 @@ def run_sync(
 ) -> dict[str, object]:
     clock = time.perf_counter
     latencies = []
+    cpu = 0.0
     for i in range(warmup + cycles):
+        if i == warmup:
+            cpu = time.process_time()
         start = clock()
         with adapter.hold(name, ttl=ttl):
             pass
         if i >= warmup:
             latencies.append(clock() - start)
-    return _result(latencies)
+    return _result(latencies, time.process_time() - cpu)
