@@ -327,7 +327,8 @@ def markdown(doc: Doc) -> str:
         "blocks: what the library computes, apart from waiting for the server. Where the "
         "machine halts an idle CPU while a reply is on its way (virtual machines do), the "
         "wall-clock ratio also carries that wake-up, which varies from cell to cell; the "
-        "CPU ratio does not.",
+        "CPU figures carry at most the part of it charged to the process (a busy host's "
+        "steal inflates both alike: compare the ratio, not the absolute CPU).",
         f"- **Contended**: {s['workers']} workers (asyncio tasks in one process; threads for "
         f"blocking libraries; the *processes* rows: {s['workers']} processes with one task "
         "(or thread) each, the case a distributed lock exists for) loop on one lock for "

@@ -9,7 +9,9 @@ A busy neighbour on a shared machine then slows both alike instead of skewing th
 and system), and ``cpu_ratio`` the same paired against the floor's: the part of a cycle the
 library itself computes, apart from the time it waits for the server. Where a machine halts
 an idle CPU between request and reply (virtual machines do), the wall-clock ratio also
-carries that wake-up, which differs from cycle to cycle; the CPU ratio does not.
+carries that wake-up, which differs from cycle to cycle; the CPU figures carry at most the
+part of it charged to the process (a busy host's steal can inflate both alike, so compare
+the ratio, not the absolute CPU).
 """
 
 from __future__ import annotations
