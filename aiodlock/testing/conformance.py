@@ -1157,14 +1157,16 @@ async def test_body_exception_in_the_loss_turn_is_not_a_cancellation(
     """The loop stalls past the lease (ttl 0.2 s) while the body waits, so the watchdog's
     deadline and the body's timer fire in one turn. Whatever their order, the caller sees the
     body's own error or a bare LockLostError — never a CancelledError nobody asked for — and
-    the task's cancel count is back to zero (a stray one would cancel its next await)."""
+    the task's cancel count is back to zero (a stray one would cancel its next await). The
+    stall begins once the lock is held: one that began while the acquire was still under way
+    (slow servers, several Redlock masters) would fail the acquire instead."""
     task = asyncio.current_task()
     assert task is not None
     outcome: BaseException | None = None
     async with asyncio.TaskGroup() as group:
-        group.create_task(_stall_loop(0.01, 0.4))
         try:
             async with make(locks, "stalled", ttl=0.2) as lease:
+                group.create_task(_stall_loop(0.01, 0.4))
                 await asyncio.sleep(delay)
                 if ending == "assert-held":
                     lease.assert_held()
