@@ -70,16 +70,19 @@ _REDIS_INCUMBENTS = ("redis-py", "python-redis-lock", "pottery-sync", "pottery-a
 
 
 def _incumbent_best(find: Finder, incumbents: tuple[str, ...], field: str, loop: str,
-                    scenario: str = "contended") -> tuple[float, str]:
-    best, who = -math.inf, ""
+                    scenario: str = "contended") -> tuple[float, str, Row | None]:
+    """The best value of ``field`` among the incumbents, whose it is, and its row (each
+    incumbent's row on ``loop``, else where it ran: asyncio, or threads)."""
+    best, who, found = -math.inf, "", None
     for key in incumbents:
         for cell_loop in (loop, "asyncio", "threads"):
-            value = _num(find(key, scenario, cell_loop), field)
+            row = find(key, scenario, cell_loop)
+            value = _num(row, field)
             if not math.isnan(value):
                 if value > best:
-                    best, who = value, key
+                    best, who, found = value, key, row
                 break
-    return best, who
+    return best, who, found
 
 
 def _redis(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
@@ -91,7 +94,7 @@ def _redis(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
         for key, label in variants:
             row = find(key, "contended", loop)
             eff = _num(row, "efficiency")
-            best, who = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop)
+            best, who, _ = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop)
             thr = _num(row, "throughput")
             ok = None if math.isnan(eff) else eff >= 0.85 and thr > best
             yield _entry(
@@ -156,14 +159,10 @@ def _processes(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     low, grants = _num(row, "grants_min"), _num(row, "grants")
     processes = _num(row, "processes")
     fairest = low / (grants / processes) if grants > 0 else math.nan  # NaN stays NaN
-    best, who = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop,
-                                 "contended_procs")
+    best, who, theirs = _incumbent_best(find, _REDIS_INCUMBENTS, "throughput", loop,
+                                        "contended_procs")
     ok = None if math.isnan(thr) else thr >= best and worst <= 500 and fairest >= 0.25
-    cpu = _num(row, "cpu_per_grant_us")
-    their_cpu = math.nan
-    for cell_loop in (loop, "asyncio", "threads"):  # where that incumbent's row was measured
-        if who and math.isnan(their_cpu):
-            their_cpu = _num(find(who, "contended_procs", cell_loop), "cpu_per_grant_us")
+    cpu, their_cpu = _num(row, "cpu_per_grant_us"), _num(theirs, "cpu_per_grant_us")
     yield _entry("Redis across 10 processes: grants/s ≥ best incumbent, wait max ≤ 500 ms, "
                  "no process below 25 % of the mean", f"aiodlock pub/sub [{loop}]",
                  f"{thr:.0f}/s vs {who} {best:.0f}/s; max {worst:.0f} ms; "
