@@ -1,18 +1,20 @@
 """Development sessions: ``python3 -m nox -s lint tests`` is what CI and the README run.
 
 - ``tests``: installs the server binaries (``scripts/install-system-deps.sh``) and the project
-  with every extra, then runs pytest twice, under the default asyncio loop and under uvloop,
-  with ``--require-all-backends`` (a backend server that cannot start, or a skipped test, is a
-  failure). Extra arguments go to pytest: ``nox -s tests -- -k redis -x``.
+  with every extra, then runs pytest once, every async test under the default asyncio loop
+  and under uvloop, spread over parallel workers with servers of their own (pytest-xdist),
+  with ``--require-all-backends`` (a backend server that cannot start, or a skipped test, is
+  a failure). Extra arguments go to pytest: ``nox -s tests -- -k redis -x``.
+- ``quick``: the inner loop while developing: lint, then memory and single-node Redis tests.
 - ``lint``: ``ruff check`` and ``mypy`` (strict; configured in pyproject.toml).
 - ``demo``: ``python -m aiodlock demo``.
 - ``bench``: ``benchmarks/run.py``, once it exists.
 
-Virtualenvs use the stdlib ``venv`` (uv may be absent) and are reused between runs.
-"""
+Virtualenvs use the stdlib ``venv`` (uv may be absent) and are reused between runs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,7 +28,12 @@ nox.options.sessions = ["lint", "tests"]
 
 ROOT = Path(__file__).parent
 INSTALL_SYSTEM_DEPS = ("bash", str(ROOT / "scripts" / "install-system-deps.sh"))
-EVENT_LOOPS = ("asyncio", "uvloop")  # read by tests/conftest.py from AIODLOCK_TEST_LOOP
+# Most tests wait on servers and timers rather than compute, so more workers than cores pay:
+# each worker is a pytest session with its own servers (tests/conftest.py). Both event loops
+# run in every worker, each async test once per loop.
+WORKERS = ("--numprocesses", os.environ.get("AIODLOCK_TEST_WORKERS", "6"), "--dist", "worksteal")
+# `quick`: the memory backend, and Redis on one node (no Sentinel, Cluster or Redlock).
+QUICK_TESTS = ("-m", "memory or redis", "-k", "not sentinel and not cluster and not redlock")
 
 
 Step = tuple[Sequence[str], Mapping[str, str]]  # (argv, extra environment)
@@ -51,20 +58,25 @@ def run_all(session: nox.Session, steps: Sequence[Step]) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the whole suite against real servers, once per event loop."""
+    """The whole suite against real servers, under both event loops, in parallel workers."""
     session.run(*INSTALL_SYSTEM_DEPS, external=True)
     session.install("-e", ".[all,dev]")
-    # Both loops run even if the first fails. Only exit code 0 passes: pytest's 5
-    # ("no tests collected") fails the session.
-    pytest = ["pytest", "--require-all-backends", *session.posargs]
-    run_all(session, [(pytest, {"AIODLOCK_TEST_LOOP": loop}) for loop in EVENT_LOOPS])
+    # Only exit code 0 passes: pytest's 5 ("no tests collected") fails the session.
+    session.run("pytest", "--require-all-backends", *WORKERS, *session.posargs)
 
 
 @nox.session
-def lint(session: nox.Session) -> None:
-    """ruff check, then mypy --strict (files and options from pyproject.toml)."""
+def quick(session: nox.Session) -> None:
+    """The inner loop while developing: lint, then the memory and single-node Redis tests on
+    the default loop. Not a substitute for ``tests`` before a push."""
+    session.run(*INSTALL_SYSTEM_DEPS, external=True)
     session.install("-e", ".[all,dev]")
-    run_all(session, [(["ruff", "check", "."], {}), (["mypy"], {})])  # mypy runs even if ruff fails
+    steps: list[Step] = [
+        (["ruff", "check", "."], {}),
+        (["mypy"], {}),
+        (["pytest", *WORKERS, *QUICK_TESTS, *session.posargs], {"AIODLOCK_TEST_LOOP": "asyncio"}),
+    ]
+    run_all(session, steps)
 
 
 @nox.session

@@ -30,7 +30,10 @@ missing feature.
 **No silent skips.** A server that cannot start is an error, never a skip. With
 ``--require-all-backends`` (CI and the README's test command) a skipped test is a failure too.
 
-``AIODLOCK_TEST_LOOP=uvloop`` runs every test under uvloop instead of the default loop.
+**Loops.** Every async test runs under the default asyncio loop and under uvloop, as two items
+of one session (ids ``[asyncio]`` and ``[uvloop]``); ``AIODLOCK_TEST_LOOP=asyncio`` or
+``uvloop`` keeps one of them. With pytest-xdist (``-n``) each worker is a session of its own
+and starts its own servers, on free ports, when a test first asks for them.
 """
 
 from __future__ import annotations
@@ -86,12 +89,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    loop = os.environ.get("AIODLOCK_TEST_LOOP", "asyncio")
-    if loop == "uvloop":
-        return {"uvloop": _uvloop_that_reports_unclosed_transports()}
-    if loop != "asyncio":
-        raise pytest.UsageError(f"AIODLOCK_TEST_LOOP must be asyncio or uvloop, not {loop!r}")
-    return {"asyncio": asyncio.new_event_loop}
+    """Every async test runs once per loop, ``[asyncio]`` and ``[uvloop]``, in one session.
+
+    Both in one session lets pytest-xdist spread them over its workers side by side, on one
+    set of servers per worker. ``AIODLOCK_TEST_LOOP=asyncio`` (or ``uvloop``) keeps one.
+    """
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop,
+        "uvloop": _uvloop_that_reports_unclosed_transports(),
+    }
+    chosen = os.environ.get("AIODLOCK_TEST_LOOP", "")
+    if not chosen:
+        return factories
+    if chosen not in factories:
+        raise pytest.UsageError(
+            f"AIODLOCK_TEST_LOOP must be asyncio or uvloop (or unset: both), not {chosen!r}"
+        )
+    return {chosen: factories[chosen]}
 
 
 @functools.cache  # asked once per test: one class for the run
@@ -173,7 +187,7 @@ def pytest_collection_modifyitems(
 def pytest_report_header(config: pytest.Config) -> str:
     return (
         f"aiodlock backend markers: {', '.join(backend_markers(config))}; "
-        f"loop: {os.environ.get('AIODLOCK_TEST_LOOP', 'asyncio')}"
+        f"loops: {os.environ.get('AIODLOCK_TEST_LOOP') or 'asyncio, uvloop'}"
     )
 
 

@@ -18,9 +18,16 @@ __all__ = [
     "cut_off_grants",
     "eventually",
     "release_meets_keep_alives",
+    "running_loop_name",
     "taken_once_free",
     "wait_until",
 ]
+
+
+def running_loop_name() -> str:
+    """``"uvloop"`` or ``"asyncio"``: the loop this test runs on (a child process gets the same)."""
+    bases = type(asyncio.get_running_loop()).__mro__
+    return "uvloop" if any(c.__module__.startswith("uvloop") for c in bases) else "asyncio"
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -91,19 +91,42 @@ _handed_out: set[int] = set()
 def free_port(host: str = LOOPBACK) -> int:
     """Return a TCP port on ``host`` that nothing listens on now.
 
-    The kernel picks it (bind to port 0). A port is never handed out twice by one process, so
-    servers created one after another before any of them starts do not collide. Another
-    process can still take the port before the server binds it; :meth:`ServerProcess.start`
-    notices and retries on a new port.
+    A port is never handed out twice by one process, so servers created one after another
+    before any of them starts do not collide. Under pytest-xdist each worker draws from a
+    range of its own (:func:`_worker_ports`), so two workers never pick the same port; alone,
+    the kernel picks it (bind to port 0). Another process can still take the port before the
+    server binds it; :meth:`ServerProcess.start` notices and retries on a new port.
     """
+    for port in _worker_ports():
+        if port not in _handed_out and _port_is_free(host, port):
+            _handed_out.add(port)
+            return port
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
+            port = sock.getsockname()[1]
         if port not in _handed_out:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"could not find a free port on {host}")  # pragma: no cover
+
+
+_WORKER_PORTS_START = 12000
+_WORKER_PORTS_EACH = 2000
+
+
+def _worker_ports() -> range:
+    """The ports of this pytest-xdist worker (``gw<N>``): none outside xdist.
+
+    Below the kernel's ephemeral range (32768 up, on Linux), which is where bind-to-0 and
+    every outgoing connection take theirs: a port "that nothing listens on" stays so while
+    the test that picked it runs, even with other workers starting servers meanwhile.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return range(0)
+    start = _WORKER_PORTS_START + int(worker[2:]) * _WORKER_PORTS_EACH
+    return range(start, min(start + _WORKER_PORTS_EACH, 32768))
 
 
 def _require(binary: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 import aiodlock
 from aiodlock.backends import Kind, LockSpec
 from aiodlock.testing import History
-from tests.helpers import wait_until
+from tests.helpers import running_loop_name, wait_until
 from tests.support_etcd import EtcdCluster, EtcdProbe, EtcdServer, etcdctl
 
 if TYPE_CHECKING:
@@ -255,10 +255,9 @@ async def test_sigkilled_holder_process_is_replaced_after_the_lease_ttl(
     ns = _namespace()
     session_ttl = 3
     url = f"{etcd_cluster.url}/killed?session_ttl={session_ttl}"
-    loop_name = os.environ.get("AIODLOCK_TEST_LOOP", "asyncio")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiodlock.testing._holder", loop_name, url, json.dumps({}), ns,
-        "hold", "stock", "30",
+        sys.executable, "-m", "aiodlock.testing._holder", running_loop_name(), url,
+        json.dumps({}), ns, "hold", "stock", "30",
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
