@@ -104,7 +104,7 @@ def free_port(host: str = LOOPBACK) -> int:
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
-            port = sock.getsockname()[1]
+            port = int(sock.getsockname()[1])
         if port not in _handed_out:
             _handed_out.add(port)
             return port

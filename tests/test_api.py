@@ -282,7 +282,7 @@ async def test_runs_on_the_loop_its_id_names(request: pytest.FixtureRequest) -> 
     default loop (tests/conftest.py; AIODLOCK_TEST_LOOP keeps one, and then no id names it)."""
     assert isinstance(request.node, pytest.Function)
     ids = request.node.callspec.id.split("-") if hasattr(request.node, "callspec") else []
-    named = [loop for loop in ("asyncio", "uvloop") if loop in ids]
+    named: list[str] = [loop for loop in ("asyncio", "uvloop") if loop in ids]
     expected = named or [os.environ["AIODLOCK_TEST_LOOP"]]
     assert [running_loop_name()] == expected
 
