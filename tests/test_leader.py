@@ -19,6 +19,7 @@ import pytest
 import aiodlock
 from aiodlock.backends import Breaker, Kind, LockSpec, Noticeboard
 from aiodlock.testing import History, Hold
+from aiodlock.testing.conformance import SLACK_TTL
 from tests.test_examples import ROOT, run, succeeded
 
 
@@ -106,7 +107,8 @@ async def test_the_default_identity_is_host_and_pid() -> None:
 
 @pytest.mark.memory
 async def test_a_lost_term_raises_lock_lost_error_from_async_with() -> None:
-    async with aiodlock.connect(store(), ttl=0.3) as locks:
+    # A term that outlives a late renewal: lost to the break, not to the machine's load.
+    async with aiodlock.connect(store(), ttl=SLACK_TTL) as locks:
         election = locks.election("scheduler")
         finished = False
         with pytest.raises(aiodlock.LockLostError):
@@ -120,7 +122,8 @@ async def test_a_lost_term_raises_lock_lost_error_from_async_with() -> None:
 
 @pytest.mark.memory
 async def test_async_for_campaigns_again_after_a_loss() -> None:
-    async with aiodlock.connect(store(), ttl=0.3) as locks:
+    # Terms that outlive a late renewal: lost to the break, not to the machine's load.
+    async with aiodlock.connect(store(), ttl=SLACK_TTL) as locks:
         tokens: list[int] = []
         async for term in locks.election("scheduler"):
             async with term:
@@ -258,7 +261,8 @@ async def test_periodic_runs_on_exactly_one_instance_and_fails_over() -> None:
             raise RuntimeError("a failing run is logged; the schedule goes on")
 
     async def instance(who: str) -> None:
-        async with aiodlock.connect(url, ttl=0.3) as locks:
+        # a's term outlives a late renewal: b takes over when a leaves, not before.
+        async with aiodlock.connect(url, ttl=SLACK_TTL) as locks:
             clients[who] = locks
             await locks.periodic("cleanup", job, who, every=0.05, identity=who)
 

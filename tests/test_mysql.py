@@ -25,7 +25,14 @@ import pytest
 import aiodlock
 from aiodlock.backends import Busy, Kind, LockSpec
 from aiodlock.testing import History
-from tests.helpers import cut_off_grants, eventually, release_meets_keep_alives, taken_once_free
+from aiodlock.testing.conformance import LATE_RENEWAL_SLACK
+from tests.helpers import (
+    cut_off_grants,
+    eventually,
+    release_meets_keep_alives,
+    taken_once_free,
+    wait_until,
+)
 from tests.servers import free_port
 from tests.support_mysql import MAX_LOCK_NAME, MariaDBServer, MySQLProbe, lock_name
 
@@ -267,13 +274,15 @@ async def test_idle_connections_never_hold_a_lock(
 
 
 async def test_max_connections_bounds_the_client(mysql_url: str, ns: str) -> None:
-    async with connect(mysql_url, ns, max_connections=2, connect_timeout=0.3) as c:
+    # connect_timeout bounds the wait for a connection to come back: the third acquire's wait
+    # below must outlast a release's round trip on a loaded machine.
+    async with connect(mysql_url, ns, max_connections=2, connect_timeout=1) as c:
         one = await c.lock("a").acquire()
         two = await c.lock("b").acquire()
         with pytest.raises(aiodlock.BackendError, match="max_connections=2"):
             await c.lock("c").try_acquire()
         third = asyncio.create_task(c.lock("c").acquire())
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: len(backend_of(c)._room) == 1)  # waiting for a connection
         await one.release()  # its connection goes idle and is reused for "c"
         await (await third).release()
         await two.release()
@@ -288,13 +297,15 @@ async def test_a_statement_without_an_answer_is_cut_off_at_query_timeout(
     with BackendError right after query_timeout, and the client goes on working."""
     table = f"fence_{uuid.uuid4().hex[:12]}"
     try:
-        async with connect(mysql_url, ns, fence_table=table, query_timeout=0.5) as c:
+        # Long enough that the slack for a loaded machine still tells it from a doubled limit.
+        limit = 1.0
+        async with connect(mysql_url, ns, fence_table=table, query_timeout=limit) as c:
             took = await cut_off_grants(
                 c,
                 lambda: probe.rows(f"LOCK TABLES {table} WRITE"),
                 lambda: probe.rows("UNLOCK TABLES"),
             )
-        assert all(0.5 <= t < 0.7 for t in took), took
+        assert all(limit <= t < limit + LATE_RENEWAL_SLACK for t in took), took
     finally:
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
 
@@ -346,12 +357,14 @@ class _nothing:
         return None
 
 
-async def test_grant_inside_wait_is_claimed_not_raced(mysql_url: str, ns: str) -> None:
+async def test_grant_inside_wait_is_claimed_not_raced(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
     """The connection that GET_LOCK'd during the wait is the holder: no release-then-race."""
     async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
         holder = await a.lock("h").acquire()
         waiting = asyncio.create_task(b.lock("h").acquire(timeout=5))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: _count_waits(probe, ns, 1))  # inside GET_LOCK on its connection
         waiting_conns = backend_of(b).statistics()["connections"]
         await holder.release()
         lease = await waiting
@@ -366,8 +379,10 @@ async def test_a_grant_inside_a_wait_comes_with_its_token(
     """A mutex's wait is the fencing statement itself: the waiter granted the lock when the
     holder releases sends no further statement for its token, and its lease is timed from
     that statement's start (the server's idle clock starts later), not from the grant."""
-    ttl = 3.0
-    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+    # Slices of ttl/3 (wait_slice too): a 2 s slice outlasts the 0.4 s below however late it
+    # comes on a loaded machine, so the wait seen is the one that is granted.
+    ttl = 6.0
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns, wait_slice=ttl / 3) as b:
         holder = await a.lock("w").acquire()
         waiting = asyncio.create_task(b.lock("w", ttl=ttl).acquire(timeout=5))
         waits: list[tuple[int, str]] = []
@@ -380,7 +395,7 @@ async def test_a_grant_inside_a_wait_comes_with_its_token(
         await eventually(one_wait)
         [(_, statement)] = waits
         assert statement.startswith("INSERT INTO")
-        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (slice: ttl/3)
+        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (an age, not a guess)
         inserts = await _inserts(probe)
         released_at = asyncio.get_running_loop().time()
         await holder.release()
@@ -438,28 +453,33 @@ async def test_mysql8_whole_second_timeouts(mysql_url: str, ns: str, probe: MySQ
         with pytest.raises(aiodlock.LockTimeoutError):
             await b.lock("w").acquire(timeout=0.3)
         assert 0.3 - 1e-3 <= loop.time() - started < 0.9  # uvloop keeps time in whole ms
+        # The timed-out wait's whole second on the server is over: what is seen next is ours.
+        await eventually(lambda: _count_waits_below(probe, ns, 1))
         waiting = asyncio.create_task(b.lock("w").acquire(timeout=5))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: _count_waits(probe, ns, 1))  # inside a whole-second GET_LOCK
         await holder.release()
         lease = await waiting
+        assert lease.fencing_token > holder.fencing_token
         await lease.release()
     assert await probe.leftovers(ns) == []
 
 
 async def test_semaphore_waiter_notices_any_freed_slot_within_a_slice(
-    mysql_url: str, ns: str
+    mysql_url: str, ns: str, probe: MySQLProbe
 ) -> None:
     """A waiter waits on one slot per slice: any other freed slot is seen by the slice's end."""
     loop = asyncio.get_running_loop()
-    async with connect(mysql_url, ns) as a, connect(mysql_url, ns, wait_slice=0.3) as b:
+    wait_slice = 0.3
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns, wait_slice=wait_slice) as b:
         for victim in range(3):  # slots are taken in order: lease i holds slot i
             leases = [await a.semaphore("sem", limit=3).acquire() for _ in range(3)]
             waiting = asyncio.create_task(b.semaphore("sem", limit=3).acquire(timeout=5))
-            await asyncio.sleep(0.05)
+            await eventually(lambda: _count_waits(probe, ns, 1))  # waiting on one slot
             released_at = loop.time()
             await leases.pop(victim).release()
             got = await waiting
-            assert loop.time() - released_at < 0.3 + 0.2
+            # By the end of the slice (if it waited on another slot), plus the slack.
+            assert loop.time() - released_at < wait_slice + LATE_RENEWAL_SLACK
             for lease in [got, *leases]:
                 await lease.release()
 
@@ -500,9 +520,24 @@ def test_name_encoding() -> None:
     assert lock_name("ns", "m", "x", None) != lock_name("ns", "s", "x", 0)
 
 
-async def test_mutex_and_semaphore_families_are_independent(mysql_url: str, ns: str) -> None:
-    async with connect(mysql_url, ns) as a, a.lock("x"), a.semaphore("x", limit=1):
-        pass
+async def test_mutex_and_semaphore_families_are_independent(
+    mysql_url: str, ns: str, probe: MySQLProbe
+) -> None:
+    """A mutex and a semaphore of one name are two locks (two server names): each is taken at
+    once while the other is held, and each really excludes."""
+    async with connect(mysql_url, ns) as a, connect(mysql_url, ns) as b:
+        mutex = await a.lock("x").try_acquire()
+        assert mutex is not None
+        permit = await a.semaphore("x", limit=1).try_acquire()
+        assert permit is not None, "the semaphore was refused while the mutex was held"
+        assert sorted(await probe.user_locks(ns)) == sorted(
+            [lock_name(ns, "m", "x"), lock_name(ns, "s", "x", 0)]
+        )
+        assert await b.lock("x").try_acquire() is None
+        assert await b.semaphore("x", limit=1).try_acquire() is None
+        for lease in (mutex, permit):
+            await lease.release()
+    assert await probe.leftovers(ns) == []
 
 
 # ---------------------------------------------------------------------- fencing table

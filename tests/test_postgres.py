@@ -25,6 +25,7 @@ import pytest
 
 import aiodlock
 from aiodlock.testing import History
+from aiodlock.testing.conformance import LATE_RENEWAL_SLACK
 from tests.helpers import cut_off_grants, eventually, release_meets_keep_alives, taken_once_free
 from tests.servers import TLSFiles, free_port
 from tests.support_postgres import PostgresProbe, PostgresServer, advisory_key, fence_key
@@ -319,14 +320,16 @@ async def test_a_statement_without_an_answer_is_cut_off_at_query_timeout(
         await probe.rows("BEGIN")
         await probe.rows(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
 
+    # Long enough that the slack for a loaded machine still tells it from a doubled limit.
+    limit = 1.0
     try:
-        async with connect(postgres_url, ns, fence_table=table, query_timeout=0.5) as c:
+        async with connect(postgres_url, ns, fence_table=table, query_timeout=limit) as c:
             took = await cut_off_grants(
                 c,
                 lock_the_table,
                 lambda: probe.rows("ROLLBACK"),
             )
-        assert all(0.5 <= t < 0.7 for t in took), took
+        assert all(limit <= t < limit + LATE_RENEWAL_SLACK for t in took), took
     finally:
         await probe.rows(f"DROP TABLE IF EXISTS {table}")
 
@@ -376,13 +379,15 @@ async def test_a_grant_inside_a_wait_comes_with_its_token(
     """A lock's wait is the fencing statement itself: the waiter granted the lock when the
     holder releases sends no claim for its token (its session's last statement is the wait),
     and its lease is timed from that statement's start, not from the grant."""
-    ttl = 3.0
+    # Slices of ttl/3 (wait_slice too): a 2 s slice outlasts the 0.4 s below however late it
+    # comes on a loaded machine, so the wait seen is the one that is granted.
+    ttl = 6.0
     loop = asyncio.get_running_loop()
-    async with connect(postgres_url, ns) as a, connect(postgres_url, ns) as b:
+    async with connect(postgres_url, ns) as a, connect(postgres_url, ns, wait_slice=ttl / 3) as b:
         holder = await a.lock("w").acquire()
         waiting = asyncio.create_task(b.lock("w", ttl=ttl).acquire(timeout=5))
         await eventually(lambda: _waits_are(probe, 1))
-        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (slice: ttl/3)
+        await asyncio.sleep(0.4)  # the wait's statement is now >= 0.4 s old (an age, not a guess)
         released_at = loop.time()
         await holder.release()
         lease = await waiting
@@ -464,10 +469,11 @@ async def test_fence_ttl_deletes_idle_rows_and_tokens_still_increase(
     async with connect(f"{postgres_url}?fence_ttl=0", ns) as keep:
         async with keep.lock("kept"):
             pass
-        await asyncio.sleep(0.3)
-        async with keep.lock("other"):
+        # Idle longer than the 0.2 s above, on the server's clock (what a sweep looks at).
+        await eventually(lambda: _row_idle_for(probe, fence_key(ns, "kept"), 0.3))
+        async with keep.lock("other"):  # a grant after the interval would schedule a sweep
             pass
-        await asyncio.sleep(0.1)
+        await keep.settle()  # any sweep under way is done
         assert (await probe.rows(query, fence_key(ns, "kept")))[0][0] == 1
 
 
@@ -488,6 +494,16 @@ async def test_a_sweep_deletes_a_backlog_in_batches(
             pass
         await a.settle()  # the janitor's sweep is done
         assert (await probe.rows(count, ns))[0][0] == 1  # only "fresh" is left
+
+
+async def _row_idle_for(probe: PostgresProbe, key: int, seconds: float) -> bool:
+    rows = await probe.rows(
+        "SELECT clock_timestamp() - touched > make_interval(secs => $2) "
+        "FROM aiodlock_fence WHERE lock_key = $1",
+        key,
+        seconds,
+    )
+    return bool(rows[0][0])
 
 
 async def _row_count_is(probe: PostgresProbe, key: int, count: int) -> bool:

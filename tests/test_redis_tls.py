@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiodlock
+from tests.helpers import wait_until
 from tests.servers import RedisTLSServer, TLSFiles
 
 if TYPE_CHECKING:
@@ -52,8 +53,9 @@ async def round_trip(url: str, **options: Any) -> None:
         aiodlock.connect(url, namespace="tls", connect_timeout=5, **options) as b,
     ):
         first = await a.lock("k", ttl=30).acquire()
-        waiting = asyncio.create_task(b.lock("k", ttl=30).acquire(timeout=10))
-        await asyncio.sleep(0.05)
+        lock = b.lock("k", ttl=30)
+        waiting = asyncio.create_task(lock.acquire(timeout=10))
+        await wait_until(lambda: lock.statistics().waiting == 1)  # refused: the release wakes it
         assert not waiting.done()
         await first.release()
         second = await waiting  # woken by the release, not by the 30 s expiry
@@ -215,8 +217,9 @@ async def test_redis_client_is_used_and_left_open(
     ):
         assert "redis://127.0.0.1" in repr(a)
         first = await a.lock("k", ttl=30).acquire()
-        waiting = asyncio.create_task(b.lock("k", ttl=30).acquire(timeout=10))
-        await asyncio.sleep(0.05)
+        lock = b.lock("k", ttl=30)
+        waiting = asyncio.create_task(lock.acquire(timeout=10))
+        await wait_until(lambda: lock.statistics().waiting == 1)  # refused: the release wakes it
         await first.release()
         second = await waiting  # woken by the release: side connections work
         assert second.fencing_token > first.fencing_token
@@ -237,7 +240,9 @@ async def test_redis_client_over_tls(tls_server: RedisTLSServer, tls_files: TLSF
         host=tls_server.host, port=tls_server.port, ssl=True, ssl_ca_certs=str(tls_files.ca)
     ) as app:
         await round_trip("rediss://", redis_client=app)
-        assert await app.ping()
+        # The application's client is left open and still answers over TLS.
+        await app.set("tls-test:app-after", "still here")
+        assert await app.get("tls-test:app-after") == b"still here"
 
 
 async def test_an_unreachable_redis_client_is_a_backend_error_without_the_password() -> None:

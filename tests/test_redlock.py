@@ -321,8 +321,9 @@ async def test_tls_to_every_master(tls_files: TLSFiles) -> None:
             aiodlock.connect(url, namespace="tls") as b,
         ):
             first = await a.lock("k", ttl=30).acquire()
-            waiting = asyncio.ensure_future(b.lock("k", ttl=30).acquire(timeout=10))
-            await asyncio.sleep(0.05)
+            lock = b.lock("k", ttl=30)
+            waiting = asyncio.ensure_future(lock.acquire(timeout=10))
+            await wait_until(lambda: lock.statistics().waiting == 1)  # refused: release wakes it
             assert not waiting.done()
             await first.release()
             second = await waiting  # woken by the release, not by the 30 s expiry

@@ -323,6 +323,19 @@ def aiodlock_requirements(request: pytest.FixtureRequest) -> None:
 
 # ---------------------------------------------------------------------- helpers
 
+LATE_RENEWAL_SLACK: Final = 0.4
+"""Seconds of slack every timing assertion of the suite (and of aiodlock's own tests) keeps for
+a renewal, a timer or a reply that comes late on a loaded machine (parallel test workers on a
+few cores). A lease that must outlive a late renewal gets a ttl whose first renewal (due at
+ttl/3) may come this late and still find it valid: ttl >= 3 * LATE_RENEWAL_SLACK, as
+:data:`SLACK_TTL`. A bound on how soon something happens is the time promised plus this slack,
+with a ttl long enough that the bound still tells the promise from its breach."""
+
+SLACK_TTL: Final = 3 * LATE_RENEWAL_SLACK
+"""A ttl (1.2 s) renewed every 0.4 s that outlives a renewal up to 0.8 s late (its validity
+runs 2/3 ttl past each renewal's due time): twice :data:`LATE_RENEWAL_SLACK`, the other half for
+the renewal's round trip and the drift margin."""
+
 
 async def _wait_until(predicate: Callable[[], bool]) -> None:
     """Wait for a condition that no event reports (a waiter queued on a remote service)."""
@@ -337,6 +350,16 @@ def _waiting(client: aiodlock.LockClient) -> int:
 
 def _has_waiters(client: aiodlock.LockClient, count: int) -> bool:
     return _waiting(client) >= count
+
+
+async def _kept_past(lease: aiodlock.Lease, granted_until: float) -> None:
+    """Wait until ``granted_until`` (the lease's ``valid_until`` right after its grant) has
+    passed, then check that the lease is still held: only its keep-alive can have kept it
+    (``valid_until`` moved on), however late the renewals came within their slack."""
+    loop = asyncio.get_running_loop()
+    await _wait_until(lambda: loop.time() > granted_until or lease.lost.is_set())
+    assert lease.held and not lease.lost.is_set(), "lost although it was being kept alive"
+    assert lease.valid_until > granted_until
 
 
 # ---------------------------------------------------------------------- every kind
@@ -415,8 +438,11 @@ async def test_release_wakes_waiter_without_waiting_out_the_lease(
 ) -> None:
     """With a 30 s lease, only a wakeup can get the waiter in within its 5 s timeout."""
     holder = await make(locks, "handoff", ttl=30).acquire()
-    waiting = asyncio.create_task(make(other, "handoff", ttl=30).acquire(timeout=5))
-    await asyncio.sleep(0.05)
+    lock = make(other, "handoff", ttl=30)
+    waiting = asyncio.create_task(lock.acquire(timeout=5))
+    # Refused once, now waiting: the release below must wake it (were it not waiting yet, its
+    # first attempt would simply find the lock free).
+    await _wait_until(lambda: lock.statistics().waiting == 1)
     assert not waiting.done()
     await holder.release()
     lease = await waiting
@@ -449,20 +475,26 @@ async def test_watchdog_cancels_body_when_lock_is_broken(
     loop = asyncio.get_running_loop()
     body_cancelled = asyncio.Event()
     broken_at = 0.0
+    # Renewed every ttl/3; an expiry would end it no sooner than 2/3 ttl after the break.
+    ttl = 4 * LATE_RENEWAL_SLACK
 
     with pytest.raises(aiodlock.LockLostError):
-        async with make(locks, "fragile", ttl=0.6) as lease:
-            await aiodlock_target.break_lock(locks, "fragile")
-            broken_at = loop.time()
+        async with make(locks, "fragile", ttl=ttl) as lease:
+            breaking_at = loop.time()
             try:
+                # A backend that watches its lock (etcd, ZooKeeper) may cancel the body while
+                # the probe is still at work: that is a body cancelled too.
+                await aiodlock_target.break_lock(locks, "fragile")
+                broken_at = loop.time()
                 await asyncio.sleep(10)
             except asyncio.CancelledError:
                 body_cancelled.set()
                 raise
     assert body_cancelled.is_set()
     assert lease.lost.is_set()
-    # Noticed at the next renewal: within ttl/3 plus slack, well before the ttl itself.
-    assert loop.time() - broken_at < 0.6
+    # Noticed at the next renewal: within ttl/3 plus slack (0.93 s), before an expiry could
+    # end it (2/3 ttl, 1.07 s, or more); or during the break.
+    assert loop.time() - (broken_at or breaking_at) < ttl / 3 + LATE_RENEWAL_SLACK
 
 
 @requires(Capability.INSPECT)
@@ -523,8 +555,10 @@ async def test_break_lock_frees_it_moves_the_token_on_and_cancels_the_holder(
     body_cancelled = asyncio.Event()
     held: list[aiodlock.Lease] = []
 
+    ttl = 4 * LATE_RENEWAL_SLACK  # renewed every ttl/3; an expiry comes 2/3 ttl or more later
+
     async def holder() -> None:
-        async with make(locks, "stuck", ttl=0.9) as lease:
+        async with make(locks, "stuck", ttl=ttl) as lease:
             held.append(lease)
             entered.set()
             try:
@@ -541,7 +575,8 @@ async def test_break_lock_frees_it_moves_the_token_on_and_cancels_the_holder(
     with pytest.raises(aiodlock.LockLostError):
         await holding
     assert body_cancelled.is_set()
-    assert loop.time() - broken_at < 0.9  # at its next renewal (ttl/3), not at expiry
+    # At its next renewal (ttl/3, plus slack: 0.93 s), not at expiry (2/3 ttl, 1.07 s, or more).
+    assert loop.time() - broken_at < ttl / 3 + LATE_RENEWAL_SLACK
     successor = await waiting
     assert successor.fencing_token > held[0].fencing_token
     await successor.release()
@@ -620,8 +655,9 @@ async def test_release_is_idempotent_and_lost_release_raises(
     assert not lease.held
 
     # A lease long enough to still be there when the probe breaks it on a loaded machine
-    # (scanning every master of a cluster), short enough that renewals notice at once.
-    lease = await make(locks, "gone", ttl=1.0).acquire()
+    # (scanning every master of a cluster; its renewals, every 0.8 s, may come 1.6 s late),
+    # short enough that renewals notice at once.
+    lease = await make(locks, "gone", ttl=2 * SLACK_TTL).acquire()
     await aiodlock_target.break_lock(locks, "gone")
     await asyncio.wait_for(lease.lost.wait(), 5)
     with pytest.raises(aiodlock.LockNotOwnedError):
@@ -630,11 +666,12 @@ async def test_release_is_idempotent_and_lost_release_raises(
 
 @pytest.mark.asyncio
 async def test_max_hold_stops_renewing(locks: aiodlock.LockClient, make: LockKind) -> None:
-    # One renewal (at ttl/3) comes before max_hold, none after. The lease must last until
-    # then on its own: a grant and a renewal slower than ttl - ttl/3 together (0.4 s) would
-    # let it run out first, which is a loss too, but not max_hold's.
+    # One renewal (at ttl/3) comes before max_hold (ttl/2), none after. The lease must last
+    # until then on its own: a grant and a renewal slower than ttl - ttl/3 together would let
+    # it run out first, which is a loss too, but not max_hold's; SLACK_TTL leaves 0.8 s.
+    ttl = SLACK_TTL
     with pytest.raises(aiodlock.LockLostError, match="max_hold"):
-        async with make(locks, "hung", ttl=0.6, max_hold=0.3):
+        async with make(locks, "hung", ttl=ttl, max_hold=ttl / 2):
             await asyncio.sleep(10)
 
 
@@ -643,11 +680,10 @@ async def test_max_hold_stops_renewing(locks: aiodlock.LockClient, make: LockKin
 async def test_acquire_outside_async_with_sets_lost(
     locks: aiodlock.LockClient, make: LockKind, aiodlock_target: Target
 ) -> None:
-    # Renewed every 0.2 s, it outlives a renewal up to 0.4 s late (a loaded machine).
-    lease = await make(locks, "bg", ttl=0.6).acquire()
+    # Renewed every ttl/3, it outlives a renewal up to 2 x LATE_RENEWAL_SLACK late.
+    lease = await make(locks, "bg", ttl=SLACK_TTL).acquire()
     assert locks.statistics().leases == 1
-    await asyncio.sleep(0.5)  # two renewals happen meanwhile
-    assert lease.held
+    await _kept_past(lease, lease.valid_until)  # kept alive without an ``async with``
     await aiodlock_target.break_lock(locks, "bg")
     await asyncio.wait_for(lease.lost.wait(), 2)
     with pytest.raises(aiodlock.LockLostError):
@@ -667,11 +703,14 @@ async def test_lost_lease_is_forgotten_at_once(
     for lease in leases:
         await asyncio.wait_for(lease.lost.wait(), 2)
     assert locks.statistics().leases == 0
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    with pytest.raises(aiodlock.LockNotOwnedError):
-        await leases[0].release()
-    assert loop.time() - started < 0.05
+    # At once: the release raises in its first step, without awaiting anything (a service
+    # round trip, or a timer), whatever the machine's load.
+    releasing = leases[0].release()
+    try:
+        with pytest.raises(aiodlock.LockNotOwnedError):
+            releasing.send(None)
+    finally:
+        releasing.close()
     await locks.settle()
     async with make(other, "dropped0", timeout=2):
         pass  # given back on the service (or expired)
@@ -774,14 +813,14 @@ async def test_acquired_reentrant_lease_is_reentered_by_async_with(
 ) -> None:
     """A lease taken with ``acquire()`` is re-entered by ``async with`` in the same task (it
     once timed out: the lease was invisible to reentrancy), and outlives the inner block."""
-    # Renewed every 0.2 s, it outlives a renewal up to 0.4 s late (a loaded machine).
-    lease = await locks.lock("job", reentrant=True, ttl=0.6).acquire()
+    # Renewed every ttl/3, it outlives a renewal up to 2 x LATE_RENEWAL_SLACK late.
+    lease = await locks.lock("job", reentrant=True, ttl=SLACK_TTL).acquire()
+    granted_until = lease.valid_until
     async with locks.lock("job", reentrant=True, timeout=1) as inner:
         assert inner is lease
         assert inner.fencing_token == lease.fencing_token
         assert await other.lock("job").try_acquire() is None
-    await asyncio.sleep(0.8)  # past the ttl: still renewed by its one keep-alive
-    assert lease.held and not lease.lost.is_set()
+    await _kept_past(lease, granted_until)  # still renewed by its one keep-alive
     assert await other.lock("job").try_acquire() is None
     await lease.release()
     after = await other.lock("job").try_acquire()
@@ -821,15 +860,19 @@ async def test_readers_share_writers_exclude(
     r2 = await other.read_lock("catalog").acquire(timeout=1)  # readers share
     assert r2.fencing_token > r1.fencing_token
     assert await other.write_lock("catalog").try_acquire() is None
-    writer = asyncio.create_task(other.write_lock("catalog").acquire(timeout=5))
+    writing = other.write_lock("catalog")
+    writer = asyncio.create_task(writing.acquire(timeout=5))
+    await _wait_until(lambda: writing.statistics().waiting == 1)  # r1's release wakes it
     await r1.release()
-    await asyncio.sleep(0.05)
-    assert not writer.done()  # one reader is still in
+    # One reader is still in: a writer is refused after the first reader's release.
+    assert await locks.write_lock("catalog").try_acquire() is None
+    assert not writer.done()
     await r2.release()
     w = await writer  # woken when the last reader leaves
     assert await locks.read_lock("catalog").try_acquire() is None
-    reader = asyncio.create_task(locks.read_lock("catalog").acquire(timeout=5))
-    await asyncio.sleep(0.05)
+    reading = locks.read_lock("catalog")
+    reader = asyncio.create_task(reading.acquire(timeout=5))
+    await _wait_until(lambda: reading.statistics().waiting == 1)  # refused: the writer is in
     assert not reader.done()
     await w.release()
     r3 = await reader
@@ -842,11 +885,11 @@ async def test_writer_release_wakes_every_reader(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, aiodlock_target: Target
 ) -> None:
     w = await locks.write_lock("doc").acquire()
-    readers = [
-        asyncio.create_task((locks if i % 2 else other).read_lock("doc").acquire(timeout=5))
-        for i in range(6)
-    ]
-    await asyncio.sleep(0.05)
+    reading = [(locks if i % 2 else other).read_lock("doc") for i in range(6)]
+    readers = [asyncio.create_task(lock.acquire(timeout=5)) for lock in reading]
+    # Every reader refused once and waiting: the one release must wake them all.
+    await _wait_until(lambda: all(lock.statistics().waiting == 1 for lock in reading))
+    assert not any(reader.done() for reader in readers)
     await w.release()
     leases = await asyncio.gather(*readers)
     assert all(lease.held for lease in leases)  # all six at once: shared
@@ -857,9 +900,23 @@ async def test_writer_release_wakes_every_reader(
 
 @requires(Capability.SHARED, Capability.COUNTING)
 @pytest.mark.asyncio
-async def test_lock_families_are_independent(locks: aiodlock.LockClient) -> None:
-    async with locks.lock("x"), locks.write_lock("x"), locks.semaphore("x", limit=1):
-        pass
+async def test_lock_families_are_independent(
+    locks: aiodlock.LockClient, other: aiodlock.LockClient, aiodlock_target: Target
+) -> None:
+    """A mutex, a read-write lock and a semaphore of one name are three locks: each is taken
+    at once while the others are held, and each of them really excludes."""
+    held = []
+    for lock in (locks.lock("x"), locks.write_lock("x"), locks.semaphore("x", limit=1)):
+        lease = await lock.try_acquire()
+        assert lease is not None, f"{lock!r} was refused while another family was held"
+        held.append(lease)
+    assert await other.lock("x").try_acquire() is None
+    assert await other.write_lock("x").try_acquire() is None
+    assert await other.read_lock("x").try_acquire() is None
+    assert await other.semaphore("x", limit=1).try_acquire() is None
+    for lease in held:
+        await lease.release()
+    await aiodlock_target.assert_no_leftovers(locks, other)
 
 
 # ---------------------------------------------------------------------- semaphores
@@ -871,11 +928,21 @@ async def test_semaphore_limit(
     locks: aiodlock.LockClient, other: aiodlock.LockClient, aiodlock_target: Target
 ) -> None:
     history = History()
+    inside = 0
+    full = asyncio.Event()  # three holders at once, seen by the holders themselves
 
     async def user(client: aiodlock.LockClient, i: int) -> None:
+        nonlocal inside
         async with client.semaphore("quota", limit=3, timeout=10) as lease:
             with history.hold(f"u{i}", lease.fencing_token):
+                inside += 1
+                if inside == 3:
+                    full.set()
+                # The first holders stay until a third joins them (however slowly the grants
+                # come on a loaded machine); a semaphore that admits fewer times out here.
+                await asyncio.wait_for(full.wait(), 10)
                 await asyncio.sleep(0.02)
+                inside -= 1
 
     async with asyncio.TaskGroup() as tg:
         for i in range(12):
@@ -1163,27 +1230,37 @@ async def test_body_exception_in_the_loss_turn_is_not_a_cancellation(
     task = asyncio.current_task()
     assert task is not None
     outcome: BaseException | None = None
+    leases: list[aiodlock.Lease] = []
     async with asyncio.TaskGroup() as group:
         try:
             async with make(locks, "stalled", ttl=0.2) as lease:
+                leases.append(lease)
                 group.create_task(_stall_loop(0.01, 0.4))
                 await asyncio.sleep(delay)
                 if ending == "assert-held":
                     lease.assert_held()
                 raise ValueError("the body's own error")
-        except (ValueError, aiodlock.LockLostError) as exc:
+        except BaseException as exc:  # whatever it is: a CancelledError must fail below
             outcome = exc
         assert task.cancelling() == 0
     await asyncio.sleep(0)  # a stray cancellation would land here
-    if ending == "assert-held" and delay > 0.02:
-        assert isinstance(outcome, aiodlock.LockLostError)
+    assert leases, f"the lock was not even granted: {outcome!r}"
+    if isinstance(outcome, aiodlock.LockLostError):
+        # The block reports a loss that happened (assert_held() also refuses a lease past its
+        # local validity that a session backend still held: no loss of the lease itself).
+        assert ending == "assert-held" or leases[0].lost.is_set()
     else:
-        assert isinstance(outcome, ValueError | aiodlock.LockLostError)
+        # Not a CancelledError, nor an error of the library's: the body's own one.
+        assert isinstance(outcome, ValueError), repr(outcome)
+        assert outcome.args == ("the body's own error",)
+        assert ending == "own-error" or delay == 0.02, "assert_held() passed after the lease"
     assert locks.statistics().leases == 0
 
 
 STORM_SECONDS: Final = 3.0
 STORM_TASKS: Final = 20  # per client
+STORM_MIN_GRANTS: Final = 12
+STORM_GIVE_UP: Final = 15.0  # seconds; a storm short of STORM_MIN_GRANTS goes on until then
 
 
 @pytest.mark.asyncio
@@ -1201,12 +1278,18 @@ async def test_cancellation_storm_makes_progress_and_leaves_nothing(
     """
     history = History()
     loop = asyncio.get_running_loop()
-    stop_at = loop.time() + STORM_SECONDS
+    started = loop.time()
     grants = 0
+
+    def storming() -> bool:
+        # STORM_SECONDS, then on until the floor of grants is reached, for up to STORM_GIVE_UP:
+        # a slow machine takes longer to reach it, a jammed queue never does.
+        elapsed = loop.time() - started
+        return elapsed < STORM_SECONDS or (grants < STORM_MIN_GRANTS and elapsed < STORM_GIVE_UP)
 
     async def contender(client: aiodlock.LockClient, who: str, *, patient: bool) -> None:
         nonlocal grants
-        while loop.time() < stop_at:
+        while storming():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(None if patient else random.uniform(0, 0.05)):
                     async with make(client, "storm", ttl=5) as lease:
@@ -1220,16 +1303,19 @@ async def test_cancellation_storm_makes_progress_and_leaves_nothing(
             group.create_task(contender(client, f"{who}-patient", patient=True))
             for i in range(STORM_TASKS):
                 group.create_task(contender(client, f"{who}{i}", patient=False))
+    stormed = loop.time() - started
     history.check(max_holders=1)
     # A healthy lock makes hundreds of grants here; a queue that jams on cancelled waiters
     # makes none or one (ZooKeeper's did: 0-7 in 15 s). A strict FIFO queue on a consensus
     # service (fair=True on ZooKeeper or etcd: an entry per task) is the slow healthy case:
     # each abandoned entry ahead of a waiter costs a delete and a watch event, 17-20 grants
-    # on a slow 2-core machine. The floor sits between the two.
-    assert grants >= STORM_SECONDS * 4, f"{grants} grants in {STORM_SECONDS} s"
+    # in 3 s on a slow 2-core machine, fewer when it is loaded. The floor sits between the
+    # two, and the storm goes on past STORM_SECONDS until it is reached (a loaded machine is
+    # slow, not jammed), up to STORM_GIVE_UP: the jam's 0-7 in 15 s stays below it.
+    assert grants >= STORM_MIN_GRANTS, f"{grants} grants in {stormed:.1f} s"
     await aiodlock_target.assert_no_leftovers(locks, other)
-    started = loop.time()
+    freed = loop.time()
     async with make(other, "storm", ttl=5, timeout=5):
         pass  # free again at once: no orphan holder or queue entry blocks it
-    assert loop.time() - started < 5
+    assert loop.time() - freed < 5
     assert locks.statistics().leases == other.statistics().leases == 0
