@@ -97,6 +97,10 @@ async def _renew_forever(
             wake_at = state.valid_until
         await _sleep_until(loop, min(wake_at, state.valid_until), lost_signal)
         if lost_signal is not None and lost_signal.is_set():
+            if hold_until is not None and loop.time() >= hold_until:
+                # Renewals stopped at max_hold; a backend that ends an unrenewed lease itself
+                # (ZooKeeper's reaper) may say so in the same loop turn as our own deadline.
+                raise LockLostError(f"lock {name!r} was held longer than max_hold")
             raise LockLostError(
                 f"lock {name!r} was lost: {backend.describe()} "
                 "ended the session or connection that held it"
