@@ -8,6 +8,8 @@ closes them in order.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -56,6 +58,9 @@ L = TypeVar("L", bound=BaseLock)
 
 DEFAULT_NAMESPACE: Final = "aiodlock"
 DEFAULT_TTL: Final = 30.0
+# How long aclose() lets a backend's background clean-ups land (a release still running on a
+# slow Redlock master, a wait queue being left) before it closes the connections under them.
+CLOSE_SETTLE_GRACE: Final = 1.0
 _COMMON_OPTIONS: Final[Mapping[str, type]] = {
     "namespace": str,
     "ttl": float,
@@ -208,6 +213,10 @@ class LockClient:
         self._holdings.close()
         try:
             await self._supervisor.stop()
+            if isinstance(self._backend, Settler):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_SETTLE_GRACE):
+                        await self._backend.settle()
         finally:
             self._state = "closed"
             await self._backend.aclose()
