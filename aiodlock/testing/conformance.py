@@ -698,10 +698,14 @@ async def test_lost_lease_is_forgotten_at_once(
     the client's bookkeeping when it is lost, not when (or if) it is released — a job that
     takes a lock once per period and never releases a lost one must not grow the client —
     and its ``release()`` reports the loss at once, without waiting for the service."""
-    leases = [await make(locks, f"dropped{i}", ttl=0.3, max_hold=0.05).acquire() for i in range(3)]
-    assert locks.statistics().leases == 3
+    leases = [
+        await make(locks, f"dropped{i}", ttl=SLACK_TTL, max_hold=0.05).acquire() for i in range(3)
+    ]
+    # Each is lost once its unrenewed ttl runs out, maybe before the last grant on a slow
+    # machine: the bookkeeping holds exactly those not lost yet.
+    assert locks.statistics().leases == sum(not lease.lost.is_set() for lease in leases) > 0
     for lease in leases:
-        await asyncio.wait_for(lease.lost.wait(), 2)
+        await asyncio.wait_for(lease.lost.wait(), SLACK_TTL + 5)
     assert locks.statistics().leases == 0
     # At once: the release raises in its first step, without awaiting anything (a service
     # round trip, or a timer), whatever the machine's load.
