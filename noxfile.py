@@ -28,10 +28,15 @@ nox.options.sessions = ["lint", "tests"]
 
 ROOT = Path(__file__).parent
 INSTALL_SYSTEM_DEPS = ("bash", str(ROOT / "scripts" / "install-system-deps.sh"))
-# Most tests wait on servers and timers rather than compute, so more workers than cores pay:
-# each worker is a pytest session with its own servers (tests/conftest.py). Both event loops
-# run in every worker, each async test once per loop.
-WORKERS = ("--numprocesses", os.environ.get("AIODLOCK_TEST_WORKERS", "6"), "--dist", "worksteal")
+# Most tests wait on servers and timers rather than compute, so three workers per core pay
+# (2 cores: 9 min for both loops, against 40 for the two loops one after the other). Each
+# worker is a pytest session with servers of its own (tests/conftest.py), ~1 GB with its
+# ZooKeeper JVMs, hence the cap. Each async test runs once per loop, in any worker.
+_DEFAULT_WORKERS = min(8, 3 * (os.cpu_count() or 1))
+WORKERS = (
+    "--numprocesses", os.environ.get("AIODLOCK_TEST_WORKERS", str(_DEFAULT_WORKERS)),
+    "--dist", "worksteal",
+)  # fmt: skip
 # `quick`: the memory backend, and Redis on one node (no Sentinel, Cluster or Redlock).
 QUICK_TESTS = ("-m", "memory or redis", "-k", "not sentinel and not cluster and not redlock")
 
