@@ -18,14 +18,15 @@ Example (what ``Lock.acquire`` does)::
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from random import getrandbits
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from ._exceptions import BackendError, LockTimeoutError
 from ._local import Turn, Turns, takes_turns
 from ._supervisor import Supervisor
-from .backends._protocol import Backend, Busy, Grant, LockSpec
+from .backends._protocol import Backend, Busy, Grant, LockSpec, TurnObserver
 
 __all__ = ["AcquireCounters", "Granted", "attempt_once", "wait_for_grant"]
 
@@ -90,15 +91,16 @@ async def wait_for_grant(
     """
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     # Tasks of one client take turns, in arrival order, to contend at the service (which
-    # already queues fair waiters itself).
+    # already queues fair waiters itself). A backend told when the turns begin and end
+    # (TurnObserver) may pass its queue entry on from turn to turn.
     turn = None
     if takes_turns(spec) and not queues(backend, spec):
-        turn = turns.join(spec)
+        turn = _join(backend, turns, spec)
         if not turn.take():
             try:
                 await _wait_for_turn(turn, spec, deadline, timeout, counters)
             except BaseException:
-                turns.leave(spec)
+                _leave(backend, turns, spec)
                 raise
     try:
         owner = new_owner()
@@ -110,7 +112,28 @@ async def wait_for_grant(
     finally:
         if turn is not None:
             turn.release()
-            turns.leave(spec)
+            _leave(backend, turns, spec)
+
+
+def _join(backend: Backend, turns: Turns, spec: LockSpec) -> Turn:
+    """Join ``spec``'s turn; the first task to want the lock tells an observing backend."""
+    turn = turns.join(spec)
+    if turn.users == 1 and _observes_turns(type(backend)):
+        cast(TurnObserver, backend).turns_began(spec)
+    return turn
+
+
+def _leave(backend: Backend, turns: Turns, spec: LockSpec) -> None:
+    """Leave ``spec``'s turn; the last task to leave tells an observing backend."""
+    if turns.leave(spec) and _observes_turns(type(backend)):
+        cast(TurnObserver, backend).turns_ended(spec)
+
+
+@functools.cache
+def _observes_turns(backend_type: type) -> bool:
+    # Once per backend class: a runtime protocol check costs microseconds, and this runs
+    # twice per acquisition.
+    return issubclass(backend_type, TurnObserver)
 
 
 async def _wait_for_turn(

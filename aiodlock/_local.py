@@ -15,7 +15,9 @@ for keep-alive, reentrancy and teardown:
   semaphore permit one at a time, in arrival order (:class:`Turns`): a task that has just
   released cannot barge in ahead of its local waiters, and N local waiters cost the service one
   (one connection, one queue entry) — which also keeps a storm of cancelled local waiters from
-  churning the service's connections and queues.
+  churning the service's connections and queues. A backend that keeps that one queue entry
+  from task to task (ZooKeeper: a :class:`~aiodlock.backends.TurnObserver`) is told when the
+  client's tasks begin and end taking turns for a lock.
 
 Nothing here grows with the number of lock names ever used: every entry is removed when its
 last user leaves.
@@ -126,13 +128,15 @@ class Turns:
         turn.users += 1
         return turn
 
-    def leave(self, spec: LockSpec) -> None:
-        """Stop using the turn for ``spec``."""
+    def leave(self, spec: LockSpec) -> bool:
+        """Stop using the turn for ``spec``; True if it was the last user (the turn is gone)."""
         key = (spec.kind, spec.name)
         turn = self._turns[key]
         turn.users -= 1
-        if not turn.users:
-            del self._turns[key]
+        if turn.users:
+            return False
+        del self._turns[key]
+        return True
 
     def __len__(self) -> int:
         return len(self._turns)

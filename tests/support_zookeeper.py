@@ -237,6 +237,13 @@ class ZooKeeperProbe:
             return None
         return stat
 
+    async def sync(self) -> None:
+        """Let the probe's server catch up with the leader: on an ensemble, a listing sent
+        right after a client's create may otherwise reach a follower that has not applied it."""
+        from aiozk import protocol
+
+        await self.client.send(protocol.SyncRequest(path="/"))
+
     async def children(self, path: str) -> list[str]:
         from aiozk import exc as zk_exc
 
@@ -260,6 +267,7 @@ class ZooKeeperProbe:
         from aiodlock.backends.zookeeper import encode_segment, namespace_path
 
         base = f"{namespace_path(self.root, namespace)}/{encode_segment(name)}"
+        await self.sync()
         return [
             f"{base}/{family}/{node}"
             for family in await self.children(base)
@@ -298,6 +306,7 @@ class ZooKeeperProbe:
 
     async def leftovers_under(self, base: str) -> list[str]:
         """:meth:`leftovers` for a namespace directory given by its path."""
+        await self.sync()
         return [
             f"{path} (ephemeralOwner={stat.ephemeral_owner:#x})"
             for path, stat in await self.walk(base)

@@ -535,7 +535,10 @@ async def _no_nodes(probe: ZooKeeperProbe, namespace: str, name: str) -> bool:
 STORM_SECONDS = 5.0
 STORM_TASKS = 50  # per client
 STORM_TTL = 5.0
-STORM_MIN_GRANTS = 50  # in STORM_SECONDS; 0-7 in 15 s before the fix, hundreds after
+# In STORM_SECONDS. 0-7 in 15 s before the first fix. Then, on 2 cores shared with 8 busy
+# processes: 5-37 while a cancelled turn deleted its node, 288-458 once it hands the node on
+# to the next task (1,800-2,800 on an idle machine).
+STORM_MIN_GRANTS = 50
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["turns", "fair"])
@@ -549,10 +552,11 @@ async def test_cancellation_storm_keeps_granting_and_leaves_nothing(
     create became "uncertain" and was cleaned up by a listing of its own, and every attempt
     waited for all pending deletions: 0-7 grants in 15 s (and, as reported, thousands of
     nodes left and the lock blocked past its ttl). Now: no reconnection, grants all along
-    (the tasks of one client take turns for one node; ``fair=True`` keeps a node per task,
-    whose strict FIFO order under such a storm grants little, so only the clean-up is
-    checked there), exclusion holds, nothing is left, and the lock is free again within
-    its ttl."""
+    (the tasks of one client take turns for one node, which a cancelled turn hands to the
+    next with its place in the queue; ``fair=True`` keeps a node per task, whose strict FIFO
+    order under such a storm grants little, so only the clean-up is checked there),
+    exclusion holds, fencing tokens increase, nothing is left, and the lock is free again
+    within its ttl."""
     loop = asyncio.get_running_loop()
     history = History()
     grants = 0
@@ -586,6 +590,8 @@ async def test_cancellation_storm_keeps_granting_and_leaves_nothing(
             stats = backend_of(client).statistics()
             assert (stats["reconnects"], stats["sessions"]) == (0, 1)
             assert (stats["entries"], stats["waiters"], stats["doomed"]) == (0, 0, 0)
+            if not fair:
+                assert stats["handed"] > 0  # cancelled turns passed their nodes on
         lease = await a.lock("storm").acquire(timeout=STORM_TTL)
         assert loop.time() - ended < STORM_TTL
         await lease.release()

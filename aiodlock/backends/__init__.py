@@ -26,6 +26,7 @@ from ._protocol import (
     LossSignal as LossSignal,
     Noticeboard as Noticeboard,
     Settler as Settler,
+    TurnObserver as TurnObserver,
     Waiter as Waiter,
 )
 from ._registry import load as load_backend, schemes as schemes
@@ -45,6 +46,7 @@ __all__ = [
     "Noticeboard",
     "ParsedURL",
     "Settler",
+    "TurnObserver",
     "Waiter",
     "load_backend",
     "parse_url",

@@ -74,7 +74,10 @@ Optional operations are declared by capability and checked with ``isinstance`` a
 runtime-checkable protocols below: :class:`Inspector` (``Capability.INSPECT``: who holds what,
 for an operator) and :class:`Breaker` (``Capability.BREAK``: force-release). The operator CLI
 and leader election use them; the lock kinds never do. :class:`Noticeboard` (a short note
-pinned to a held mutex, such as a leader's identity) is found by ``isinstance`` alone.
+pinned to a held mutex, such as a leader's identity) is found by ``isinstance`` alone, as are
+:class:`Settler` (background clean-ups a test or shutdown can wait for) and
+:class:`TurnObserver` (told when a client's tasks begin and end taking turns for a lock, so a
+queue entry can pass from a cancelled task to the next).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ __all__ = [
     "LossSignal",
     "Noticeboard",
     "Settler",
+    "TurnObserver",
     "Waiter",
 ]
 
@@ -366,6 +370,31 @@ class Settler(Protocol):
 
     async def settle(self) -> None:
         """Return once the clean-ups running now (and any they start) are done."""
+        ...
+
+
+@runtime_checkable
+class TurnObserver(Protocol):
+    """Optional for a backend: told when the tasks of its client begin and end taking turns.
+
+    Between the two calls for a lock, some task of the client is at its turn or waiting for
+    it. A backend whose queue entry outlives a cancelled turn (a ZooKeeper node and its place
+    in the queue) may keep it for the next task, and must give it up when the turns end:
+    nobody of this client wants the lock any more.
+
+    Example::
+
+        class Backend:
+            def turns_began(self, spec: LockSpec) -> None: ...
+            def turns_ended(self, spec: LockSpec) -> None: ...  # drop any entry kept
+    """
+
+    def turns_began(self, spec: LockSpec) -> None:
+        """The first task of this client wants ``spec``'s lock (no other one does now)."""
+        ...
+
+    def turns_ended(self, spec: LockSpec) -> None:
+        """The last task of this client that wanted ``spec``'s lock has left its turn."""
         ...
 
 

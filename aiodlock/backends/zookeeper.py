@@ -36,9 +36,13 @@ The queue of nodes is FIFO by construction, so FAIR is declared. As on every bac
 waiting tasks of one client take turns for a mutex, a write lock or a semaphore, and only the
 one whose turn it is has a node (see ``queues_on_busy``); while a task of ours holds a mutex,
 the one whose turn it is waits without a node until that holder lets go (see
-:meth:`ZooKeeperBackend._refused_here`). ``fair=True`` gives every task its own node, hence
-strict arrival order across all clients' tasks. A new attempt never waits for
-our own pending deletions: a node being deleted merely queues ahead of it until it is gone.
+:meth:`ZooKeeperBackend._refused_here`). When the task whose turn it is gives up (cancelled,
+timed out) while its node queues, the node passes to the next task of ours with its place in
+the queue and its armed watch (see :meth:`ZooKeeperBackend._keep`); it is deleted only once no
+task of ours wants the lock (the core says so: ``turns_ended``). ``fair=True`` gives every
+task its own node, hence strict arrival order across all clients' tasks. A new attempt never
+waits for our own pending deletions: a node being deleted merely queues ahead of it until it
+is gone.
 Watches use ``getData`` (no watch is left behind when the node is already gone, unlike
 ``exists``); a watch that finds its node gone wakes the waiter at once. Wakeups are banked
 (level-triggered), and every waiter is woken to re-check after each reconnect and session
@@ -49,7 +53,9 @@ it keeps increasing when a container parent is reaped and the sequence numbers r
 exclusive grant (mutex, write lock, semaphore of 1) always has a larger token than every
 earlier grant of that family; a shared grant's token (read lock, semaphore permit) is larger
 than every earlier exclusive grant's, but permits that became grantable together may be
-taken in either order.
+taken in either order. A node passed from task to task (see *Granting*) changes nothing at
+the server — it is one contender that waited longer — and is never granted twice (only a
+node never granted is passed on), so its token obeys the same rules.
 
 **Creating** a contender is never resent behind our back. The create runs in a task of ours,
 so a caller cancelled meanwhile does not lose its reply: giving up waits for it and deletes
@@ -165,6 +171,8 @@ _MAX_GRACE_FRACTION: Final = 0.9
 _SILENCE_FRACTION: Final = 2 / 3
 """A connection silent for this fraction of the session timeout is given up (see _pinger)."""
 _MIN_PING_TIMEOUT: Final = 0.05  # the shortest heartbeat
+_RETAG_DELAY: Final = 0.1
+"""A node taken over names its holder once held this long (see ZooKeeperBackend._retag)."""
 _ENQUEUE_ATTEMPTS: Final = 6
 _MIN_SERVER_VERSION: Final = (3, 5, 3)
 
@@ -278,13 +286,16 @@ def _holds(entry: _Entry) -> bool:
 class _ZKWaiter(BankedWakeup):
     """A waiting acquisition's wakeup: banked, armed on at most one watch at a time."""
 
-    __slots__ = ("armed", "confirmed", "deleted")
+    __slots__ = ("arm_error", "armed", "arming", "confirmed", "deleted", "touched")
 
     def __init__(self) -> None:
         super().__init__()
         self.armed: str | None = None  # path of the watch we are registered on
         self.confirmed: str | None = None  # ...once the server said it exists, watch set
-        self.deleted: str | None = None  # the node watch that fired for a deletion
+        self.deleted: str | None = None  # the node watch that fired for a deletion (or found none)
+        self.touched: str | None = None  # the node watch that fired for a change of data
+        self.arming: asyncio.Task[None] | None = None  # the request arming it (see _arm)
+        self.arm_error: BackendError | None = None  # how that request failed, for its caller
 
     async def wait(self, timeout: float | None) -> None:
         await self._consume(timeout)
@@ -302,6 +313,7 @@ class _Entry:
         "directory",
         "gone",
         "held",
+        "kept",
         "kind",
         "limit",
         "list_on_create",
@@ -316,6 +328,7 @@ class _Entry:
         "reaper",
         "session_id",
         "stray_session",
+        "tagged",
         "target",
         "target_children",
         "uncertain",
@@ -330,6 +343,7 @@ class _Entry:
         self.protect = f"_c_{uuid.uuid4().hex}-"
         limit = spec.limit if spec.kind is Kind.SEMAPHORE else ""
         self.prefix = f"{self.protect}{_TAG[spec.kind]}{limit}-"
+        self.tagged = owner  # the owner our node's data names (see ZooKeeperBackend._retag)
         self.name: str | None = None  # our node's name, once known
         self.czxid = 0
         self.listing: list[str] | None = None  # the directory, read with our create
@@ -353,6 +367,9 @@ class _Entry:
         self.watching = False  # a data watch on our own (held) node is registered
         self.gone = False  # released or abandoned: no longer in the table
         self.abandoning: asyncio.Task[None] | None = None
+        # Kept for the next task's turn (see ZooKeeperBackend._keep): the cancelled waiter's
+        # wakeup, still armed on the node we wait for, with whatever it banked meanwhile.
+        self.kept: _ZKWaiter | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -463,8 +480,11 @@ class ZooKeeperBackend:
     # and waiter). So the core treats ZooKeeper as it does Redis: the tasks of one client
     # take turns for an exclusive lock, and only the one whose turn it is has a node — N
     # local waiters cost one node, and a storm of cancelled acquisitions stays in the process
-    # (one node per task made 0-7 grants in 15 s under it). ``fair=True`` (``spec.fair``)
-    # gives every task its own node: strict arrival order across every client's tasks.
+    # (one node per task made 0-7 grants in 15 s under it). The node even outlives a
+    # cancelled turn: the next task takes it over (turns_began/turns_ended, _keep), where
+    # deleting it and queueing anew at the back made 24-35 grants in 10 s under a loaded
+    # storm. ``fair=True`` (``spec.fair``) gives every task its own node: strict arrival
+    # order across every client's tasks.
     queues_on_busy: ClassVar[bool] = False
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
@@ -517,6 +537,7 @@ class ZooKeeperBackend:
         self._group: asyncio.TaskGroup | None = None
         self._leaving: dict[str, set[str]] = {}  # per directory: our nodes being deleted (unheld)
         self._tasks: set[asyncio.Task[None]] = set()  # ours (supervisor, cleanups)
+        self._leaves: set[asyncio.Task[None]] = set()  # of them, nodes being left (settle)
         self._io_tasks: set[asyncio.Task[None]] = set()  # the transport's (repair, read loops)
         self._session_id: int | None = None
         self._entries: dict[tuple[str, str], _Entry] = {}
@@ -525,6 +546,11 @@ class ZooKeeperBackend:
         # without a node (see _refused_here): its release or loss wakes them.
         self._holders: LocalHolders[str, _Entry] = LocalHolders()
         self._refused: dict[str, set[tuple[str, str]]] = {}
+        # Per directory whose lock our tasks take turns for (see turns_began): the queued
+        # entry a cancelled turn left for the next task, with its node and place (see _keep).
+        self._turning: set[str] = set()
+        self._kept: dict[str, _Entry] = {}
+        self._by_directory: dict[str, set[_Entry]] = {}  # the entries of _entries, by directory
         self._watches: dict[str, set[_ZKWaiter | _Entry]] = {}
         self._doomed: dict[tuple[str, str], _Entry] = {}
         self._sweeps: dict[str, _Sweep] = {}  # per directory: the round still taking entries
@@ -536,6 +562,7 @@ class ZooKeeperBackend:
         self._reconnects = 0
         self._losses = 0
         self._adopted = 0
+        self._handed = 0
 
     # ------------------------------------------------------------------ lifetime
 
@@ -605,6 +632,7 @@ class ZooKeeperBackend:
             self._doomed.clear()
             self._holders.clear()
             self._refused.clear()
+            self._kept.clear()  # their nodes went with the session
             self._state = "closed"
 
     async def _stop_tasks(self) -> None:
@@ -640,6 +668,14 @@ class ZooKeeperBackend:
             raise BackendError(f"{self.describe()} backend is not open")
         return self._transport
 
+    async def settle(self) -> None:
+        """Wait for the queue nodes being left in the background: a node kept for a next
+        turn that never came, an abandoned wait (:class:`~aiodlock.backends.Settler`). Each
+        deletion is bounded by ``request_timeout`` and never waits for a lost connection (the
+        janitor takes over)."""
+        while self._leaves:
+            await asyncio.wait(list(self._leaves))
+
     # ------------------------------------------------------------------ description
 
     def check(self, spec: LockSpec) -> None:
@@ -651,7 +687,9 @@ class ZooKeeperBackend:
 
     def statistics(self) -> Mapping[str, Any]:
         """Session, connection and recipe counters; ``requests``: those the server answered,
-        by kind (``create``, ``children``, ``get``, ``delete``, ``ping``...)."""
+        by kind (``create``, ``children``, ``get``, ``delete``, ``ping``...). ``kept``: queue
+        nodes a cancelled turn left for the next task (counted in ``entries`` too);
+        ``handed``: how often a task took such a node over."""
         transport = self._transport
         sid = transport.session_id if transport is not None else None
         return {
@@ -660,7 +698,9 @@ class ZooKeeperBackend:
             "session_id": None if sid is None else f"{sid:#x}",
             "session_timeout": transport.negotiated_timeout if transport is not None else None,
             "suspended_grace": self._grace,
-            "entries": len(self._entries),
+            "entries": len(self._entries) + len(self._kept),
+            "kept": len(self._kept),
+            "handed": self._handed,
             "held": sum(1 for e in self._entries.values() if e.held and e.lost is None),
             "waiters": self._waiting,
             "watches": sum(len(w) for w in self._watches.values()),
@@ -745,46 +785,63 @@ class ZooKeeperBackend:
         key = (directory, owner)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(directory, owner, spec)
+            entry = self._take_kept(directory, owner, spec) or _Entry(directory, owner, spec)
+            self._add_entry(entry)
         async with entry.lock:
             if entry.gone:  # left the queue meanwhile (not through the core): queue anew
                 return await self.try_acquire(spec, owner, ttl)
-            if entry.held:
-                if entry.lost is None:
-                    return Grant(entry.czxid)
-                return Busy(None)
-            if self._refused_here(entry):
-                return Busy(None)
-            known = self._known_place(entry, transport)
-            if known is not None:
-                if known:
-                    return self._grant(entry, ttl)
-                return Busy(None)
-            names = await self._enqueue(entry, transport)
-            while entry.session_id != transport.session_id:
-                # The session changed while the listing was on its way: queue again.
-                names = await self._enqueue(entry, transport)
-            verdict = _evaluate(entry, names, self._leaving.get(directory, set()))
-            if verdict.conflict is not None:
-                await self._refuse(entry, transport)
-                raise LimitMismatchError(spec.name, verdict.conflict, spec.limit)
-            if verdict.granted:
-                if verdict.successor and entry.kind is Kind.SEMAPHORE:
-                    grant = self._grant(entry, ttl)
-                    await self._poke(entry, transport)
-                    return grant
-                return self._grant(entry, ttl)
-            entry.target = verdict.target
-            entry.target_children = verdict.children
-            entry.behind_head = verdict.behind_head
-            waiter = self._waiters.get(key)
-            if waiter is None:
-                # Lock.try_acquire() will not wait: unless waiter() is entered right away
-                # (the core does so in the same step), our queue node must not stay.
-                asyncio.get_running_loop().call_soon(self._drop_if_unwaited, entry)
-            else:
-                await self._arm(waiter, entry, transport)
+            try:
+                return await self._check(entry, spec, ttl, transport)
+            except asyncio.CancelledError:
+                # Cancelled with our node on its way or queued: the next task of ours to
+                # take its turn gets it, place and all, instead of a new node at the back.
+                self._keep(entry)
+                raise
+
+    async def _check(
+        self, entry: _Entry, spec: LockSpec, ttl: float, transport: ZKTransport
+    ) -> Grant | Busy:
+        """The step of :meth:`try_acquire`, under the entry's lock."""
+        if entry.held:
+            if entry.lost is None:
+                return Grant(entry.czxid)
             return Busy(None)
+        if self._refused_here(entry):
+            return Busy(None)
+        known = self._known_place(entry, transport)
+        if known is None and await self._rewatch(entry, transport):
+            known = self._known_place(entry, transport)
+        if known is not None:
+            return self._grant(entry, ttl) if known else self._busy(entry)
+        names = await self._enqueue(entry, transport)
+        while entry.session_id != transport.session_id:
+            # The session changed while the listing was on its way: queue again.
+            names = await self._enqueue(entry, transport)
+        verdict = _evaluate(entry, names, self._leaving.get(entry.directory, set()))
+        if verdict.conflict is not None:
+            await self._refuse(entry, transport)
+            raise LimitMismatchError(spec.name, verdict.conflict, spec.limit)
+        if verdict.granted:
+            if verdict.successor and entry.kind is Kind.SEMAPHORE:
+                grant = self._grant(entry, ttl)
+                await self._poke(entry, transport)
+                return grant
+            return self._grant(entry, ttl)
+        entry.target = verdict.target
+        entry.target_children = verdict.children
+        entry.behind_head = verdict.behind_head
+        waiter = self._waiters.get(entry.key)
+        if waiter is not None:
+            await self._arm(waiter, entry, transport)
+        return self._busy(entry)
+
+    def _busy(self, entry: _Entry) -> Busy:
+        """Refuse ``entry``, which queues on: its node stays only if a waiter claims it."""
+        if entry.key not in self._waiters:
+            # Lock.try_acquire() will not wait: unless waiter() is entered right away
+            # (the core does so in the same step), our queue node must not stay.
+            asyncio.get_running_loop().call_soon(self._drop_if_unwaited, entry)
+        return Busy(None)
 
     def _grant(self, entry: _Entry, ttl: float) -> Grant:
         entry.held = True
@@ -792,6 +849,11 @@ class ZooKeeperBackend:
         if _turn_taking_mutex(entry):
             self._holders.hold(entry.directory, entry)
         self._schedule_reaper(entry, ttl)
+        if entry.kept is not None:  # granted before its next waiter came: nothing to wake
+            self._disarm(entry.kept)
+            entry.kept = None
+        if entry.tagged != entry.owner:
+            asyncio.get_running_loop().call_later(_RETAG_DELAY, self._retag_later, entry)
         return Grant(entry.czxid)
 
     def _refused_here(self, entry: _Entry) -> bool:
@@ -832,18 +894,33 @@ class ZooKeeperBackend:
         confirmed that node exists after our last listing, and any change since would have
         fired the watch (the core's re-check after arming asks exactly this). True: that node
         was the head, only it was ahead of us, and the server told us it was deleted — a node
-        created later gets a higher sequence than ours, so we are the head now.
+        created later gets a higher sequence than ours, so we are the head now. The watch may
+        be one a cancelled turn armed, which came with its node (see _keep): the first attempt
+        of the task that took it over then asks nothing either.
 
         Not for semaphores: a waiter's place there also moves when nodes ahead of the one it
         watches leave (the first waiter's permit, handed on by a touch that may have come
         before the watch was set), so it lists.
         """
-        waiter = self._waiters.get(entry.key)
+        waiter = self._placed(entry, transport)
+        if waiter is None:
+            return None
         target = entry.target
+        if waiter.armed == target and waiter.confirmed == target:
+            return False
+        if entry.behind_head and waiter.deleted == target:
+            waiter.deleted = None
+            return True
+        return None
+
+    def _placed(self, entry: _Entry, transport: ZKTransport) -> _ZKWaiter | None:
+        """The wakeup of an entry whose last listing still tells its place if its watch
+        says nothing moved (see _known_place), else None."""
+        waiter = self._waiters.get(entry.key) or entry.kept
         if (
             entry.kind is Kind.SEMAPHORE
             or waiter is None
-            or target is None
+            or entry.target is None
             or entry.name is None
             or entry.creating is not None
             or entry.uncertain
@@ -851,12 +928,23 @@ class ZooKeeperBackend:
             or entry.session_id != transport.session_id
         ):
             return None
-        if waiter.armed == target and waiter.confirmed == target:
+        return waiter
+
+    async def _rewatch(self, entry: _Entry, transport: ZKTransport) -> bool:
+        """Finish arming the watch on the node we wait for (a cancelled turn's request, still
+        on its way), or arm it again if it fired for a change of its data only (a holder that
+        took its node over naming itself, see _retag): nobody left the queue, so our place is
+        what the watch finds, without a listing. True if it did either."""
+        waiter = self._placed(entry, transport)
+        if waiter is None:
             return False
-        if entry.behind_head and waiter.deleted == target:
-            waiter.deleted = None
-            return True
-        return None
+        target = entry.target
+        pending = waiter.armed == target and waiter.arming is not None
+        touched = waiter.armed is None and waiter.touched == target
+        if not (pending or touched):
+            return False
+        await self._arm(waiter, entry, transport)
+        return True
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Delete our node (and any stray one with our uuid); True if it was held."""
@@ -925,29 +1013,34 @@ class ZooKeeperBackend:
 
     @asynccontextmanager
     async def waiter(self, spec: LockSpec, owner: str) -> AsyncIterator[Waiter]:
-        """Arm the watch our last refused attempt chose; leaving by an error drops our node."""
+        """Arm the watch our last refused attempt chose; leaving by an error keeps our node
+        for the next task's turn (see _keep), or drops it."""
         transport = self._require_open()
         key = (self._directory(spec), owner)
-        waiter = _ZKWaiter()
+        entry = self._entries.get(key)
+        # A node taken over from a cancelled turn comes with its armed wakeup.
+        waiter = (entry.kept if entry is not None else None) or _ZKWaiter()
+        if entry is not None:
+            entry.kept = None
         self._waiters[key] = waiter  # before any await: see _drop_if_unwaited
         self._waiting += 1
         try:
-            entry = self._entries.get(key)
             if entry is not None and not entry.held:
                 await self._arm(waiter, entry, transport)
             yield waiter
         except BaseException:
-            # Timed out, cancelled or failed while queued: our node must not stay behind.
-            # Its deletion takes a round trip; on a connection gone silent it is left to the
-            # background (and the janitor) after a heartbeat rather than holding the caller.
+            # Timed out, cancelled or failed while queued: our node must not stay behind,
+            # unless another task of ours takes its turn next and keeps it. A deletion takes
+            # a round trip; on a connection gone silent it is left to the background (and the
+            # janitor) after a heartbeat rather than holding the caller.
             entry = self._entries.get(key)
-            if entry is not None:
+            if entry is not None and not self._keep(entry):
                 task = self._abandon(entry)
                 if task is not None:
                     await asyncio.wait((task,), timeout=self._heartbeat)
             raise
         finally:
-            self._disarm(waiter)
+            self._keep_waiter(waiter, key)
             if self._waiters.get(key) is waiter:
                 del self._waiters[key]
             refused = self._refused.get(key[0])
@@ -1060,6 +1153,7 @@ class ZooKeeperBackend:
                 entry.stray_session = sid if connected else _ANY_SESSION
                 try:
                     # Listed in the same round trip (see _enqueue), unless a fair lock's.
+                    entry.tagged = entry.owner
                     created, stat, listing = await transport.create_listed(
                         base,
                         self._data_of(entry),
@@ -1124,6 +1218,7 @@ class ZooKeeperBackend:
 
     async def _poke(self, entry: _Entry, transport: ZKTransport) -> None:
         """Touch our node so the waiter watching it re-checks (semaphore handover)."""
+        entry.tagged = entry.owner  # (which also names its holder, see _retag)
         try:
             await transport.set(entry.path, self._data_of(entry), timeout=self._request_timeout)
         except NoNodeError:
@@ -1134,40 +1229,75 @@ class ZooKeeperBackend:
     # ------------------------------------------------------------------ watches
 
     async def _arm(self, waiter: _ZKWaiter, entry: _Entry, transport: ZKTransport) -> None:
-        """Register ``waiter`` on the watch ``entry``'s last check chose, then arm it."""
+        """Register ``waiter`` on the watch ``entry``'s last check chose, then arm it.
+
+        The request runs in a task of ours, as a create does: a caller cancelled while it is
+        on its way leaves the watch arming, and the task that takes the node over (see _keep)
+        waits for the same reply instead of asking again — under load, when a reply takes
+        longer than an attempt lives, asking again would never get one.
+        """
         target = entry.target
-        if target is None or waiter.armed == target:
+        if target is None:
             return
-        self._disarm(waiter)
-        self._watches.setdefault(target, set()).add(waiter)
-        waiter.armed = target
-        waiter.confirmed = waiter.deleted = None
+        if waiter.armed != target:
+            self._disarm(waiter)
+            self._watches.setdefault(target, set()).add(waiter)
+            waiter.armed = target
+            waiter.confirmed = waiter.deleted = waiter.touched = waiter.arm_error = None
+            watch = self._set_watch(waiter, entry, target, transport)
+            waiter.arming = self._spawn(watch, "aiodlock-zk-watch")
+        task = waiter.arming
+        if task is None:
+            return  # armed before
+        if not task.done():
+            await asyncio.wait((task,))  # a cancelled caller leaves the request running
+        if waiter.arming is task:
+            waiter.arming = None
+            error, waiter.arm_error = waiter.arm_error, None
+            if error is not None:
+                raise error
+
+    async def _set_watch(
+        self, waiter: _ZKWaiter, entry: _Entry, target: str, transport: ZKTransport
+    ) -> None:
+        """The request of :meth:`_arm`: what it finds goes to ``waiter`` (if it still arms
+        that watch with this request)."""
+        me = asyncio.current_task()
         try:
             if entry.target_children:
                 names = await transport.children(
                     target, watch=True, timeout=self._request_timeout
                 )
-                if entry.name not in names:
-                    waiter.wake()
-                else:
-                    verdict = _evaluate(entry, names, self._leaving.get(entry.directory, set()))
-                    if verdict.granted or verdict.target != target or verdict.conflict is not None:
-                        waiter.wake()  # changed since the check: check again at once
+                if waiter.arming is me and self._moved(entry, names, target):
+                    waiter.wake()  # changed since the check: check again at once
             else:
                 await transport.get(target, watch=True, timeout=self._request_timeout)
-                if waiter.armed == target:  # (not fired or disarmed meanwhile)
+                if waiter.arming is me and waiter.armed == target:  # (not fired meanwhile)
                     waiter.confirmed = target
         except NoNodeError:
-            self._disarm(waiter)
-            waiter.wake()  # already gone: that is the wakeup
+            if waiter.arming is me:
+                self._disarm(waiter)
+                if not entry.target_children:
+                    # Gone since our listing, as if its watch had fired (see _known_place).
+                    waiter.deleted = target
+                waiter.wake()  # already gone: that is the wakeup
         except (ConnectionLoss, NotConnected):
             # The connection dropped under the watch: check again, which waits for the
             # reconnection (the watch would not have survived it anyway).
-            self._disarm(waiter)
-            waiter.wake()
-        except BaseException:
-            self._disarm(waiter)
-            raise
+            if waiter.arming is me:
+                self._disarm(waiter)
+                waiter.wake()
+        except BackendError as exc:
+            if waiter.arming is me:
+                self._disarm(waiter)
+                waiter.arm_error = exc
+
+    def _moved(self, entry: _Entry, names: list[str], target: str) -> bool:
+        """Whether a listing shows ``entry`` somewhere its last check did not leave it."""
+        if entry.name not in names:
+            return True
+        verdict = _evaluate(entry, names, self._leaving.get(entry.directory, set()))
+        return verdict.granted or verdict.target != target or verdict.conflict is not None
 
     def _disarm(self, waiter: _ZKWaiter) -> None:
         target, waiter.armed = waiter.armed, None
@@ -1201,6 +1331,8 @@ class ZooKeeperBackend:
                 item.armed = None
                 if event_type == EVENT_DELETED:
                     item.deleted = path
+                else:
+                    item.touched = path
                 item.wake()
 
     def _reset_watches(self) -> None:
@@ -1215,6 +1347,126 @@ class ZooKeeperBackend:
         for waiter in self._waiters.values():
             waiter.wake()
 
+    # ------------------------------------------------------------------ turns
+
+    def turns_began(self, spec: LockSpec) -> None:
+        """The core's TurnObserver: our tasks take turns for ``spec``'s lock from now on,
+        so a cancelled turn may keep its node for the next one (see :meth:`_keep`)."""
+        self._turning.add(self._directory(spec))
+
+    def turns_ended(self, spec: LockSpec) -> None:
+        """No task of ours wants ``spec``'s lock any more: a node kept for the next turn goes
+        (in the background: an attempt made meanwhile queues as if it were gone already)."""
+        directory = self._directory(spec)
+        self._turning.discard(directory)
+        kept = self._kept.pop(directory, None)
+        if kept is not None:
+            self._drop_kept(kept)
+
+    def _keep(self, entry: _Entry) -> bool:
+        """Keep the node of a cancelled, queued turn for the next task of ours; True if kept.
+
+        The next task to take its turn (the core hands it on at once) takes the entry over in
+        its first :meth:`try_acquire`, with its node, its place in the queue and its armed
+        wakeup (see :meth:`_keep_waiter`): a cancellation then costs no request, where
+        deleting the node and queueing a new one behind everybody else cost three round
+        trips and the place — under a storm of cancelled attempts, nearly every grant.
+
+        Safe because nothing changes at the server: a node handed on is, to ZooKeeper, one
+        contender that waits longer; a node is never granted twice (only one never granted
+        is kept), so its czxid stays a valid fencing token (see the module docstring). Kept
+        only while our tasks take turns for the lock, and only if no other entry of ours
+        queues in the directory: the next entry we make takes it over, so no entry of ours
+        ever waits behind a kept node that nobody will take; when the turns end it is deleted.
+        """
+        directory = entry.directory
+        if (
+            self._state != "open"
+            or directory not in self._turning
+            or directory in self._kept
+            or not entry.list_on_create  # a fair waiter keeps its own place in arrival order
+            or entry.kind is Kind.READ
+            or entry.held
+            or entry.gone
+            or entry.lost is not None
+            or entry.abandoning is not None
+            or not self._at_server(entry)
+            or self._entries.get(entry.key) is not entry
+            or any(self._queues_beside(entry, other) for other in self._by_directory[directory])
+        ):
+            return False
+        self._remove_entry(entry)
+        self._kept[directory] = entry
+        return True
+
+    @staticmethod
+    def _queues_beside(entry: _Entry, other: _Entry) -> bool:
+        """Whether ``other``, an entry of ours in ``entry``'s directory, waits in its queue."""
+        return other is not entry and not other.held and other.abandoning is None
+
+    def _keep_waiter(self, waiter: _ZKWaiter, key: tuple[str, str]) -> None:
+        """``waiter`` leaves: if its node was kept, the wakeup goes with it, still armed on the
+        node waited for (what it banks meanwhile is kept too); else it is disarmed."""
+        kept = self._kept.get(key[0])
+        if kept is not None and kept.owner == key[1] and kept.kept is None:
+            kept.kept = waiter
+        else:
+            self._disarm(waiter)
+
+    def _take_kept(self, directory: str, owner: str, spec: LockSpec) -> _Entry | None:
+        """The entry a cancelled turn kept in ``directory``, now ``owner``'s; None if none
+        fits (a fair lock or a reader queues on its own; another limit drops it)."""
+        kept = self._kept.get(directory)
+        if kept is None or spec.fair or kept.kind is not spec.kind:
+            return None  # (a reader queues behind a kept writer, which the next turn takes)
+        del self._kept[directory]
+        if kept.limit != spec.limit:
+            self._drop_kept(kept)  # ahead of ours, it would refuse our limit
+            return None
+        kept.owner = owner
+        self._handed += 1
+        return kept
+
+    def _drop_kept(self, entry: _Entry) -> None:
+        """Delete a kept node nobody takes over, in the background (see _abandon)."""
+        if entry.kept is not None:
+            self._disarm(entry.kept)
+            entry.kept = None
+        self._abandon(entry)
+
+    def _add_entry(self, entry: _Entry) -> None:
+        """Table ``entry`` under its owner, and by directory (see _keep)."""
+        self._entries[entry.key] = entry
+        self._by_directory.setdefault(entry.directory, set()).add(entry)
+
+    def _remove_entry(self, entry: _Entry) -> None:
+        """Undo :meth:`_add_entry` (nothing if ``entry`` is not tabled)."""
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        group = self._by_directory.get(entry.directory)
+        if group is not None:
+            group.discard(entry)
+            if not group:
+                del self._by_directory[entry.directory]
+
+    def _retag_later(self, entry: _Entry) -> None:
+        """Name the holder in its node's data if it still holds (see :meth:`_retag`)."""
+        if self._state == "open" and _holds(entry) and entry.tagged != entry.owner:
+            self._spawn(self._retag(entry), "aiodlock-zk-retag")
+
+    async def _retag(self, entry: _Entry) -> None:
+        """A node taken over names its first owner in its data: name the holder's, for
+        operators (``inspect``). In the background, and only once the holder has held for
+        ``_RETAG_DELAY``: the grant waits for nothing, and the touch (a request, and a
+        wakeup and a request of the successor watching the node) is saved on the short
+        holds of a storm of cancelled turns — where it cost a third of the throughput."""
+        if entry.tagged == entry.owner or not _holds(entry):
+            return
+        entry.tagged = entry.owner
+        with contextlib.suppress(NoNodeError, BackendError):  # released, or lost: no one asks
+            transport = self._require_open()
+            await transport.set(entry.path, self._data_of(entry), timeout=self._request_timeout)
+
     # ------------------------------------------------------------------ leaving the queue
 
     def _retire(self, entry: _Entry) -> None:
@@ -1226,8 +1478,10 @@ class ZooKeeperBackend:
             entry.reaper.cancel()
             entry.reaper = None
         self._unwatch_held(entry)
-        if self._entries.get(entry.key) is entry:
-            del self._entries[entry.key]
+        self._remove_entry(entry)
+        if entry.kept is not None:
+            self._disarm(entry.kept)
+            entry.kept = None
         self._doomed.pop(entry.key, None)
 
     async def _remove_nodes(
@@ -1329,6 +1583,8 @@ class ZooKeeperBackend:
             return None
         task = self._spawn(self._leave(entry), "aiodlock-zk-leave")
         entry.abandoning = task
+        self._leaves.add(task)
+        task.add_done_callback(self._leaves.discard)
         if entry.name is not None and not entry.held:
             self._note_leaving(entry.directory, entry.name, task)
         return task
