@@ -66,8 +66,9 @@ def tests(session: nox.Session) -> None:
     """The whole suite against real servers, under both event loops, in parallel workers."""
     session.run(*INSTALL_SYSTEM_DEPS, external=True)
     session.install("-e", ".[all,dev]")
-    # Only exit code 0 passes: pytest's 5 ("no tests collected") fails the session.
-    session.run("pytest", "--require-all-backends", *WORKERS, *session.posargs)
+    # Only exit code 0 passes: pytest's 5 ("no tests collected") fails the session. The 20
+    # slowest tests are listed at the end: what to make faster when the run grows.
+    session.run("pytest", "--require-all-backends", "--durations=20", *WORKERS, *session.posargs)
 
 
 @nox.session
