@@ -86,6 +86,13 @@ def quick(session: nox.Session) -> None:
 
 
 @nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, then mypy --strict (files and options from pyproject.toml)."""
+    session.install("-e", ".[all,dev]")
+    run_all(session, [(["ruff", "check", "."], {}), (["mypy"], {})])  # mypy runs even if ruff fails
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Run the CLI demo."""
     session.install("-e", ".[all]")

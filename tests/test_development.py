@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,13 @@ def test_dev_says_how_to_use_it() -> None:
     )
     assert result.returncode == 2
     assert "./dev demo" in result.stderr and "./dev test" in result.stderr
+
+
+@pytest.mark.memory
+def test_the_sessions_the_readme_names_exist() -> None:
+    """``./dev test`` runs the nox sessions ``lint`` and ``tests``, ``./dev test quick`` the
+    session ``quick``: a noxfile that lost one would fail CI only at its very end."""
+    import nox.registry
+
+    runpy.run_path(str(ROOT / "noxfile.py"))
+    assert {"lint", "tests", "quick"} <= set(nox.registry.get())
