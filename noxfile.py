@@ -10,7 +10,8 @@
 - ``demo``: ``python -m aiodlock demo``.
 - ``bench``: ``benchmarks/run.py``, once it exists.
 
-Virtualenvs use the stdlib ``venv`` (uv may be absent) and are reused between runs."""
+Virtualenvs use the stdlib ``venv`` (uv may be absent) and are reused between runs.
+"""
 
 from __future__ import annotations
 

@@ -550,7 +550,6 @@ class ZooKeeperBackend:
         # entry a cancelled turn left for the next task, with its node and place (see _keep).
         self._turning: set[str] = set()
         self._kept: dict[str, _Entry] = {}
-        self._by_directory: dict[str, set[_Entry]] = {}  # the entries of _entries, by directory
         self._watches: dict[str, set[_ZKWaiter | _Entry]] = {}
         self._doomed: dict[tuple[str, str], _Entry] = {}
         self._sweeps: dict[str, _Sweep] = {}  # per directory: the round still taking entries
@@ -786,7 +785,7 @@ class ZooKeeperBackend:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._take_kept(directory, owner, spec) or _Entry(directory, owner, spec)
-            self._add_entry(entry)
+            self._entries[key] = entry
         async with entry.lock:
             if entry.gone:  # left the queue meanwhile (not through the core): queue anew
                 return await self.try_acquire(spec, owner, ttl)
@@ -1392,7 +1391,11 @@ class ZooKeeperBackend:
             or entry.abandoning is not None
             or not self._at_server(entry)
             or self._entries.get(entry.key) is not entry
-            or any(self._queues_beside(entry, other) for other in self._by_directory[directory])
+            or any(
+                self._queues_beside(entry, other)
+                for other in self._entries.values()
+                if other.directory == directory
+            )
         ):
             return False
         self._remove_entry(entry)
@@ -1434,20 +1437,10 @@ class ZooKeeperBackend:
             entry.kept = None
         self._abandon(entry)
 
-    def _add_entry(self, entry: _Entry) -> None:
-        """Table ``entry`` under its owner, and by directory (see _keep)."""
-        self._entries[entry.key] = entry
-        self._by_directory.setdefault(entry.directory, set()).add(entry)
-
     def _remove_entry(self, entry: _Entry) -> None:
-        """Undo :meth:`_add_entry` (nothing if ``entry`` is not tabled)."""
+        """Take ``entry`` out of the table (nothing if it is not there)."""
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
-        group = self._by_directory.get(entry.directory)
-        if group is not None:
-            group.discard(entry)
-            if not group:
-                del self._by_directory[entry.directory]
 
     def _retag_later(self, entry: _Entry) -> None:
         """Name the holder in its node's data if it still holds (see :meth:`_retag`)."""
