@@ -13,7 +13,8 @@ waiters woken by the service instead of sleep-polling::
 
 import logging as _logging
 
-from ._client import ClientStatistics as ClientStatistics, LockClient as LockClient, connect
+from ._client import ClientStatistics as ClientStatistics, LockClient as LockClient
+from ._connect import connect
 from ._exceptions import (
     BackendError as BackendError,
     LimitMismatchError as LimitMismatchError,
@@ -35,8 +36,15 @@ from ._locks import (
     Semaphore as Semaphore,
     WriteLock as WriteLock,
 )
+from ._stats import NameStatistics as NameStatistics
+from ._template import NameTemplate as NameTemplate
 from ._validate import MIN_TTL, USE_CLIENT_DEFAULT, UseClientDefault as UseClientDefault
-from .backends._protocol import Capability as Capability
+from .backends._protocol import (
+    Capability as Capability,
+    HolderInfo as HolderInfo,
+    Kind as Kind,
+    LockInfo as LockInfo,
+)
 
 __version__ = "0.1.0"
 
@@ -47,16 +55,21 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_api.py checks
     "ClientStatistics",
     "Election",
     "FencingGuard",
+    "HolderInfo",
+    "Kind",
     "Lease",
     "LimitMismatchError",
     "Lock",
     "LockClient",
     "LockError",
+    "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
     "LockTimeoutError",
     "MIN_TTL",
+    "NameStatistics",
+    "NameTemplate",
     "ReadLock",
     "Semaphore",
     "StaleTokenError",

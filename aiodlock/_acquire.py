@@ -21,14 +21,25 @@ import asyncio
 import functools
 from dataclasses import dataclass
 from random import getrandbits
-from typing import NamedTuple, cast
+from typing import Final, NamedTuple, cast
 
 from ._exceptions import BackendError, LockTimeoutError
 from ._local import Turn, Turns, takes_turns
 from ._supervisor import Supervisor
 from .backends._protocol import Backend, Busy, Grant, LockSpec, TurnObserver
 
-__all__ = ["AcquireCounters", "Granted", "attempt_once", "wait_for_grant"]
+__all__ = [
+    "REPLY_GRACE",
+    "AcquireCounters",
+    "Granted",
+    "attempt_once",
+    "wait_for_grant",
+]
+
+REPLY_GRACE: Final = 0.05
+"""Seconds past an acquire's deadline that a reply already in flight may take to land (a
+grant in hand beats a timeout); then the request is cut off. The deadline is kept within
+``timeout`` + 100 ms whatever the service does."""
 
 
 @dataclass(slots=True)
@@ -62,13 +73,25 @@ async def attempt_once(
     ttl: float,
     counters: AcquireCounters,
 ) -> Granted | None:
-    """One attempt that never waits: the grant, or None (leaving any queue it joined)."""
+    """One attempt that never waits: the grant, or None (leaving any queue it joined).
+
+    The whole of it, however many callers share the client's connections, ends within the
+    backend's ``request_timeout``: a service that stalls is a ``BackendError`` then.
+    """
     owner = new_owner()
-    attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
-    if isinstance(attempt, Busy):
-        if queues(backend, spec):
-            await supervisor.release(spec, owner)  # the refusal queued us; we will not wait
-        return None
+    budget = asyncio.timeout(backend.request_timeout)
+    try:
+        async with budget:
+            attempt, sent = await _attempt(backend, supervisor, spec, owner, ttl)
+            if isinstance(attempt, Busy):
+                if queues(backend, spec):
+                    # The refusal queued us; we will not wait.
+                    await supervisor.release(spec, owner)
+                return None
+    except TimeoutError as exc:
+        if not budget.expired():
+            raise
+        raise supervisor.no_answer(f"try_acquire of {spec.describe()}") from exc
     counters.acquired += 1
     return Granted(owner, attempt.fencing_token, sent)
 
@@ -85,11 +108,45 @@ async def wait_for_grant(
 ) -> Granted:
     """Wait up to ``timeout`` seconds (``None``: forever) for a grant.
 
+    The deadline holds whatever the service does: a request still unanswered at the deadline
+    (a stalled server, a pool whose connections all hang) is cut off ``REPLY_GRACE`` later,
+    and compensated like any cancelled attempt. ``timeout=0`` is one attempt: like
+    ``try_acquire()``, it is given ``request_timeout`` (a deadline of 0 would refuse every
+    grant that takes a round trip).
+
     Raises:
         LockTimeoutError: not granted in time.
-        BackendError: the service failed.
+        BackendError: the service failed, or (``timeout=0``) did not answer in time.
     """
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    if timeout is None:
+        return await _contend(backend, supervisor, turns, spec, ttl, None, timeout, counters)
+    now = asyncio.get_running_loop().time()
+    deadline = now + timeout
+    once = timeout == 0
+    cutoff = asyncio.timeout_at(now + backend.request_timeout if once else deadline + REPLY_GRACE)
+    try:
+        async with cutoff:
+            return await _contend(
+                backend, supervisor, turns, spec, ttl, deadline, timeout, counters
+            )
+    except TimeoutError as exc:
+        if not cutoff.expired():
+            raise
+        if once:
+            raise supervisor.no_answer(f"acquire of {spec.describe()}") from exc
+        raise _timed_out(spec, timeout, counters) from None
+
+
+async def _contend(
+    backend: Backend,
+    supervisor: Supervisor,
+    turns: Turns,
+    spec: LockSpec,
+    ttl: float,
+    deadline: float | None,
+    timeout: float | None,
+    counters: AcquireCounters,
+) -> Granted:
     # Tasks of one client take turns, in arrival order, to contend at the service (which
     # already queues fair waiters itself). A backend told when the turns begin and end
     # (TurnObserver) may pass its queue entry on from turn to turn.

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Final, NoReturn, ParamSpec, TypeVar, TypeVarTuple, final
 
@@ -20,6 +19,7 @@ from ._inflight import InFlight
 from ._leader import Election
 from ._lease import Lease
 from ._local import Holdings
+from ._lock_all import all_of
 from ._locks import (
     BaseLock,
     Lock,
@@ -31,8 +31,8 @@ from ._locks import (
     run_guarded,
 )
 from ._recipes import exclusive, run_periodic
+from ._stats import ClientStatistics
 from ._supervisor import Supervisor
-from ._url import parse_url
 from ._validate import (
     USE_CLIENT_DEFAULT,
     UseClientDefault,
@@ -44,97 +44,43 @@ from ._validate import (
     check_seconds,
     check_timeout,
     check_ttl,
-    convert_query,
+    default_identity,
 )
-from .backends._protocol import Backend, Breaker, Inspector, Kind, LockInfo, LockSpec, Settler
-from .backends._registry import load
+from .backends._protocol import (
+    Backend,
+    Breaker,
+    Inspector,
+    Kind,
+    LockInfo,
+    LockSpec,
+    NamespaceLister,
+    Settler,
+)
+from .backends._tasks import TaskRoot
 
-__all__ = ["ClientStatistics", "LockClient", "connect"]
+__all__ = ["ClientStatistics", "LockClient", "abandon_lease", "settle_client"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 L = TypeVar("L", bound=BaseLock)
 
-DEFAULT_NAMESPACE: Final = "aiodlock"
-DEFAULT_TTL: Final = 30.0
 # How long aclose() lets a backend's background clean-ups land (a release still running on a
 # slow Redlock master, a wait queue being left) before it closes the connections under them.
 CLOSE_SETTLE_GRACE: Final = 1.0
-_COMMON_OPTIONS: Final[Mapping[str, type]] = {
-    "namespace": str,
-    "ttl": float,
-    "timeout": float,
-    "max_hold": float,
-}
 
 
-def connect(url: str | None = None, **options: Any) -> LockClient:
-    """Make a client for the coordination service at ``url`` (``memory://`` when omitted).
-
-    Use it as an async context manager: entering connects, leaving releases what is still
-    held and disconnects::
-
-        async with aiodlock.connect("redis://127.0.0.1:6379/0", namespace="shop") as locks:
-            async with locks.lock("order:42"):
-                ...
-
-    Args:
-        url: ``memory://[store]``, ``redis://``, ``rediss://``, ``unix://``,
-            ``zookeeper://h1:p1,h2:p2/chroot``, ``etcd://h1:p1,h2:p2/prefix``,
-            ``mysql://user:password@host:port/db``,
-            ``postgresql://user:password@host:port/db`` (also ``postgres://``), and
-            any scheme an installed package registers (entry-point group ``aiodlock.backends``).
-            Query parameters are options (``?ttl=10&wakeup=blpop``); keyword options win over them.
-            Special characters in a user name or password must be percent-encoded.
-        **options: ``namespace`` (default ``"aiodlock"``), ``ttl`` (lease seconds, default
-            30, renewed every ttl/3), ``timeout`` (default acquire wait, ``None`` = forever),
-            ``max_hold`` (stop renewing after this many seconds), and the backend's own
-            options (Redis: ``wakeup="pubsub"|"blpop"``, ``connect_timeout``, the ``ssl_*``
-            options of ``rediss://``, ``redis_client=`` an application's own client...).
-
-    Raises:
-        ValueError: unknown scheme (the message lists the known ones), a bad option value.
-        TypeError: an unknown option, or an option of the wrong type.
-        ImportError: the backend's driver is not installed (the message says which extra).
-    """
-    parsed = parse_url(url)
-    backend_cls = load(parsed.scheme)
-    accepted: dict[str, type] = {**_COMMON_OPTIONS, **backend_cls.options}
-    merged: dict[str, Any] = {}
-    for key, text in parsed.query.items():
-        if key not in accepted:
-            raise TypeError(_unknown_option(key, accepted, "URL query parameter"))
-        merged[key] = convert_query(key, text, accepted[key])
-    for key, value in options.items():
-        if key not in accepted:
-            raise TypeError(_unknown_option(key, accepted, "option"))
-        merged[key] = value
-    namespace = check_namespace(merged.pop("namespace", DEFAULT_NAMESPACE))
-    ttl = check_ttl(merged.pop("ttl", DEFAULT_TTL))
-    timeout = check_timeout(merged.pop("timeout", None))
-    max_hold = check_seconds(merged.pop("max_hold", None), argument="max_hold")
-    backend: Backend = backend_cls(parsed, merged)
-    return LockClient(backend, namespace=namespace, ttl=ttl, timeout=timeout, max_hold=max_hold)
-
-
-def _unknown_option(key: str, accepted: Mapping[str, type], what: str) -> str:
-    return f"unknown {what} {key!r}; this backend accepts: {', '.join(sorted(accepted))}"
-
-
-@dataclass(frozen=True, slots=True)
-class ClientStatistics:
-    """What a client holds and runs now.
-
-    Attributes:
-        leases: leases held and kept alive now, however they were taken.
-        cleanups: compensating releases still running in the background.
-        backend: the backend's own counters (connections, subscriptions, ...).
-    """
-
-    leases: int
-    cleanups: int
-    backend: Mapping[str, Any]
+def _check_kind(kind: object) -> Kind:
+    """``kind`` as a :class:`Kind`: the enum itself, or its value (``"mutex"``...)."""
+    if isinstance(kind, Kind):
+        return kind
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be an aiodlock.Kind or a str, not {type(kind).__name__}")
+    try:
+        return Kind(kind)
+    except ValueError:
+        known = ", ".join(repr(k.value) for k in Kind)
+        raise ValueError(f"kind must be one of {known}, not {kind!r}") from None
 
 
 @final
@@ -160,14 +106,17 @@ class LockClient:
         ttl: float,
         timeout: float | None,
         max_hold: float | None,
+        identity: str | None = None,
     ) -> None:
         self._backend = backend
         self.namespace = namespace
+        self.identity = identity if identity is not None else default_identity()
         self.ttl = ttl
         self.timeout = timeout
         self.max_hold = max_hold
         self._state = "new"
-        self._supervisor = Supervisor(backend)
+        self._root = TaskRoot()
+        self._supervisor = Supervisor(backend, self._root.tasks())
         self._holdings = Holdings(self._supervisor)
         self._inflight = InFlight()
         self._context = LockContext(backend, self._supervisor, self._holdings, self._inflight)
@@ -178,11 +127,12 @@ class LockClient:
         if self._state != "new":
             raise RuntimeError(f"{self!r} was already opened; make a new one with connect()")
         self._state = "opening"
-        await self._supervisor.start()
+        await self._root.start()
         try:
-            await self._backend.open()
+            await self._backend.open(self._root.tasks())
         except BaseException:
             await self._supervisor.stop()
+            await self._root.stop()
             self._state = "closed"
             raise
         self._state = "open"
@@ -219,7 +169,10 @@ class LockClient:
                         await self._backend.settle()
         finally:
             self._state = "closed"
-            await self._backend.aclose()
+            try:
+                await self._backend.aclose()
+            finally:
+                await self._root.stop()
 
     # ------------------------------------------------------------------ lock factories
 
@@ -288,6 +241,47 @@ class LockClient:
         spec = self._spec(name, Kind.SEMAPHORE, limit=check_limit(limit))
         return self._make(Semaphore, spec, ttl, timeout, max_hold)
 
+    def lock_all(
+        self,
+        locks: Iterable[str | BaseLock],
+        *,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        max_hold: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+    ) -> contextlib.AbstractAsyncContextManager[tuple[Lease, ...]]:
+        """Several locks, all or nothing: ``async with`` gives their leases, a tuple in the
+        order given (docs/core.md, "Several locks at once")::
+
+            async with locks.lock_all(["a", locks.read_lock("b")], timeout=5) as (a, b):
+                ...
+
+        They are taken in one order whatever the order given — by name, then family (mutex,
+        reader/writer, semaphore) — so callers asking for the same locks never deadlock.
+        ``timeout`` is one deadline for them all (a lock object's own still bounds its own
+        wait); on a timeout, an error or a cancellation what was taken is released, in
+        reverse. Losing any lease cancels the body with :class:`~aiodlock.LockLostError` naming
+        that lock.
+
+        Args:
+            locks: names (mutexes, made with ``ttl`` and ``max_hold``) and lock objects of
+                this client (``lock``, ``read_lock``, ``write_lock``, ``semaphore``).
+            timeout: seconds to get them all; ``None`` = forever (default: the client's).
+            ttl: the lease of the locks given by name (default: the client's).
+            max_hold: the longest hold of the locks given by name (default: the client's).
+
+        Raises:
+            TypeError, ValueError: a bad argument; the same lock twice (name and family); a
+                lock object of another client.
+            UnsupportedError: the backend cannot provide a mutex.
+        """
+        wait = self.timeout if timeout is USE_CLIENT_DEFAULT else check_timeout(timeout)
+        return all_of(
+            locks,
+            make=lambda name: self.lock(name, ttl=ttl, timeout=wait, max_hold=max_hold),
+            mine=lambda lock: lock._context is self._context,
+            timeout=wait,
+        )
+
     async def run_exclusive(
         self,
         name: str,
@@ -336,7 +330,7 @@ class LockClient:
             ttl: the leadership lease (default: the client's). A leader that dies is replaced
                 within about ``ttl`` seconds.
         """
-        return Election(self, name, identity=identity, ttl=ttl)
+        return Election(self, name, tasks=self._root.tasks(), identity=identity, ttl=ttl)
 
     def exclusive(
         self,
@@ -391,11 +385,12 @@ class LockClient:
 
     # ------------------------------------------------------------------ operators
 
-    async def inspect(self, pattern: str = "*") -> list[LockInfo]:
-        """The locks of this client's namespace in use now, whose names match ``pattern``.
+    async def inspect(self, pattern: str = "*", *, namespace: str | None = None) -> list[LockInfo]:
+        """The locks of this client's namespace (or of ``namespace``) in use now, whose names
+        match ``pattern``.
 
         For operators (``python -m aiodlock inspect``): each
-        :class:`~aiodlock.backends.LockInfo` names the lock, its kind, its holders (owner and
+        :class:`~aiodlock.LockInfo` names the lock, its kind, its holders (owner and
         remaining lease where the backend can tell), its newest fencing token and its waiters
         where the backend can tell::
 
@@ -404,6 +399,7 @@ class LockClient:
 
         Args:
             pattern: a glob over lock names (``*``, ``?``, ``[...]``), matched case-sensitively.
+            namespace: another namespace to look into (see :meth:`namespaces`).
 
         Raises:
             UnsupportedError: the backend cannot list its locks.
@@ -411,13 +407,28 @@ class LockClient:
         """
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a str, not {type(pattern).__name__}")
+        namespace = self.namespace if namespace is None else check_namespace(namespace)
         self._require_open()
         backend = self._backend
         if not isinstance(backend, Inspector):
             raise UnsupportedError(f"{backend.describe()} cannot list its locks (inspect)")
-        return await backend.inspect(self.namespace, pattern)
+        return await backend.inspect(namespace, pattern)
 
-    async def break_lock(self, name: str, *, kind: str = "mutex") -> int:
+    async def namespaces(self) -> list[str]:
+        """The namespaces of this service with locks in use, sorted (some backends also name
+        ones with only records left); ``for ns in await locks.namespaces(): ...``.
+
+        Raises:
+            UnsupportedError: the backend cannot list its namespaces.
+            BackendError: the service failed.
+        """
+        self._require_open()
+        backend = self._backend
+        if not isinstance(backend, Inspector) or not isinstance(backend, NamespaceLister):
+            raise UnsupportedError(f"{backend.describe()} cannot list its namespaces")
+        return await backend.namespaces()
+
+    async def break_lock(self, name: str, *, kind: Kind | str = Kind.MUTEX) -> int:
         """Force-release the lock ``name`` of this namespace, whoever holds it.
 
         Every holder is dropped and the fencing token moves on, so a broken holder's fenced
@@ -431,25 +442,22 @@ class LockClient:
 
         Args:
             name: the lock's name.
-            kind: ``"mutex"`` (``locks.lock()``), ``"read"`` or ``"write"`` (either side: the
-                whole reader/writer lock is broken) or ``"semaphore"`` (every permit).
+            kind: a :class:`~aiodlock.Kind` or its value: ``Kind.MUTEX``/``"mutex"``
+                (``locks.lock()``), ``READ``/``"read"`` or ``WRITE``/``"write"`` (either
+                side: the whole reader/writer lock is broken) or ``SEMAPHORE``/``"semaphore"``
+                (every permit) — the ``kind`` of a :class:`~aiodlock.LockInfo` fits as it is.
 
         Returns:
             How many holders were dropped (0: nobody held it).
 
         Raises:
+            TypeError: ``kind`` is neither a :class:`~aiodlock.Kind` nor a str.
             ValueError: an unknown ``kind``.
             UnsupportedError: the backend cannot break locks, or has no locks of ``kind``.
             BackendError: the service failed.
         """
         check_name(name)
-        if not isinstance(kind, str):
-            raise TypeError(f"kind must be a str, not {type(kind).__name__}")
-        try:
-            lock_kind = Kind(kind)
-        except ValueError:
-            known = ", ".join(repr(k.value) for k in Kind)
-            raise ValueError(f"kind must be one of {known}, not {kind!r}") from None
+        lock_kind = _check_kind(kind)
         self._require_open()
         backend = self._backend
         if not isinstance(backend, Breaker):
@@ -465,32 +473,26 @@ class LockClient:
         return self._backend
 
     def statistics(self) -> ClientStatistics:
-        """Live leases, running cleanups and the backend's counters."""
+        """Live leases, running cleanups, the backend's counters, and what the client's locks
+        have done: totals, and per lock name for the names used most recently (no server
+        round trip)::
+
+            stats = locks.statistics()
+            print(stats.grants, stats.timeouts, stats.losses, stats.wait_histogram)
+            print(stats.by_name["order:42"].grants)  # every lock object named "order:42"
+        """
+        counters = self._context.stats
+        totals = counters.totals()
         return ClientStatistics(
             leases=len(self._holdings),
             cleanups=self._supervisor.cleanups,
             backend=self._backend.statistics(),
+            grants=totals.grants,
+            timeouts=totals.timeouts,
+            losses=totals.losses,
+            wait_histogram=totals.wait_histogram,
+            by_name=counters.by_name(),
         )
-
-    def abandon(self, lease: Lease) -> None:
-        """Stop keeping ``lease`` alive, without releasing it: what a crash would do.
-
-        The service ends the lease by expiry (TTL backends) or by ending its session. Meant for
-        fault-injection tests of code that must survive a crashed holder; a running program
-        releases its leases instead.
-        """
-        self._holdings.abandon(lease)
-
-    async def settle(self) -> None:
-        """Wait until the compensating releases running in the background are done.
-
-        They run after a cancelled acquire or release, and in backends that clean up in the
-        background (giving back a wakeup, leaving a wait queue); a test (or a shutdown hook)
-        that wants to see the service in its final state awaits this first.
-        """
-        await self._supervisor.settle()
-        if isinstance(self._backend, Settler):
-            await self._backend.settle()
 
     def __repr__(self) -> str:
         return (
@@ -532,3 +534,20 @@ class LockClient:
             else check_seconds(max_hold, argument="max_hold"),
             reentrant=reentrant,
         )
+
+
+# ---------------------------------------------------------------------- test hooks
+# The hooks behind aiodlock.testing.abandon() and settle(): they reach into the client, so they
+# live in its module; fault-injection tests call them through aiodlock.testing, not from here.
+
+
+def abandon_lease(client: LockClient, lease: Lease) -> None:
+    """Stop keeping ``lease`` alive and forget it, without releasing it (a crash)."""
+    client._holdings.abandon(lease)
+
+
+async def settle_client(client: LockClient) -> None:
+    """Wait for the client's compensating releases and its backend's background clean-ups."""
+    await client._supervisor.settle()
+    if isinstance(client._backend, Settler):
+        await client._backend.settle()

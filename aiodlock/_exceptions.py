@@ -1,4 +1,4 @@
-"""The exception tree of aiodlock.
+"""The exception tree of aiodlock (what each one means: docs/core.md).
 
 Every error the library raises on purpose is one of these::
 
@@ -11,9 +11,7 @@ Every error the library raises on purpose is one of these::
      ├── LimitMismatchError    (also a ValueError)  a semaphore is in use with another `limit`
      └── BackendError          the coordination service failed; the driver's exception is chained
 
-Bad arguments are ordinary ``ValueError`` / ``TypeError`` naming the argument; a missing
-optional driver is an ``ImportError`` that says which extra to install. Driver exceptions
-(redis-py, aiozk, aiomysql, asyncpg) never escape raw: backends translate them at their boundary.
+Bad arguments are ``ValueError`` / ``TypeError``; driver exceptions never escape raw.
 """
 
 from __future__ import annotations
@@ -78,8 +76,7 @@ class LimitMismatchError(LockError, ValueError):
 
     def __init__(self, name: str, in_use: int, requested: int) -> None:
         super().__init__(
-            f"semaphore {name!r} is in use with limit {in_use}; this one asks for limit "
-            f"{requested}"
+            f"semaphore {name!r} is in use with limit {in_use}; this one asks for limit {requested}"
         )
         self.name = name
         self.in_use = in_use

@@ -1,20 +1,7 @@
 """Cancelling the guarded code when its lease is lost — and saying so with LockLostError.
 
-:class:`LossGuard` does for a lease what :func:`asyncio.timeout` does for a deadline: when
-the lease is lost it cancels the task running the ``async with`` body, and on the way out it
-tells its own cancellation apart from anyone else's with the task's cancel count
-(``Task.cancelling()`` / ``Task.uncancel()``):
-
-* the body was cancelled only by us → the caller gets a bare :class:`LockLostError`;
-* the body was also cancelled from outside → ``CancelledError`` propagates (it wins);
-* the body raised its own exception → that exception, unchanged;
-* the body returned although the lease was lost under it → :class:`LockLostError`;
-* in every case the task's cancel count is back where it was, so no stray ``CancelledError``
-  hits the caller's next ``await``.
-
-The outcome does not depend on which Python's ``TaskGroup`` is running: no TaskGroup is
-involved. The keep-alive itself runs in the client's supervisor; the guard only listens to
-the lease's state.
+:class:`LossGuard` does for a lease what :func:`asyncio.timeout` does for a deadline, telling
+its own cancellation from anyone else's by the task's cancel count (outcomes: docs/core.md).
 
 Example (what ``Lock.__aenter__``/``__aexit__`` do)::
 
@@ -56,7 +43,7 @@ _QUIET = GuardOutcome()
 
 
 class LossGuard:
-    """Cancel ``task`` when ``state`` is lost (module docstring)."""
+    """Cancel ``task`` when ``state`` is lost (the outcomes: docs/core.md)."""
 
     __slots__ = ("_cancelling", "_reason", "_state", "_task")
 
@@ -83,7 +70,7 @@ class LossGuard:
         return self._reason is not None
 
     async def settle(self, exc_type: type[BaseException] | None) -> GuardOutcome:
-        """After a loss, settle the cancel count and say what to raise (module docstring)."""
+        """After a loss, settle the cancel count and say what to raise (docs/core.md)."""
         reason = self._reason
         if reason is None:
             return _QUIET

@@ -1,13 +1,8 @@
 """The acquires in flight on one client, so that closing the client can end them.
 
-A task waiting for a lock when its client closes must not wait on a closed connection until
-its timeout, nor see whatever the backend's closed connection raises: every backend behaves
-the same. :meth:`InFlight.interrupt` cancels each waiting task *inside* its acquire (the way
-:func:`asyncio.timeout` does), and the acquire turns that cancellation into one
-``RuntimeError`` — using a closed client is a programming error, not a service failure. A task
-also cancelled from outside stays cancelled. The wait's own clean-up (leaving the queue,
-compensating a grant that landed) runs as on any cancellation, before the client closes its
-connections.
+:meth:`InFlight.interrupt` cancels each waiting task *inside* its acquire (as
+:func:`asyncio.timeout` does), and the acquire turns that into one ``RuntimeError`` on every
+backend; a task also cancelled from outside stays cancelled (why: docs/core.md).
 
 Example (what a lock does around its wait)::
 

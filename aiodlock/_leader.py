@@ -1,28 +1,15 @@
 """Leader election: one process leads, the others wait their turn; anyone can ask who leads.
 
-Built on the public API only: leadership *is* holding a mutex (so it has a lease, a watchdog
-and a fencing token), and losing the lease is losing leadership — the leader's code is
-cancelled, as in any ``async with lock:``. The leader pins its identity to the mutex (the
-backend's :class:`~aiodlock.backends.Noticeboard`, where it has one) so that an observer can
-ask who leads now.
+Built on the public API only: leadership *is* holding a mutex (lease, watchdog, fencing
+token), and the leader pins its identity to it (the backend's
+:class:`~aiodlock.backends.Noticeboard`) so that an observer can ask who leads. The three
+shapes (one term, terms for ever, ``run``) and the note's refresh: docs/core.md.
 
-Three shapes, the same election underneath::
+Example::
 
-    election = locks.election("scheduler")
-
-    # one term: campaign, lead until the block ends; LockLostError if leadership is lost
-    async with election as term:
+    async with locks.election("scheduler") as term:  # LockLostError if leadership is lost
         await run_scheduler(term.fencing_token)
-
-    # for ever: campaign, lead, and when leadership is lost, campaign again
-    async for term in election:
-        async with term:                 # the block is cancelled when leadership is lost
-            await run_scheduler(term.fencing_token)
-
-    # the same loop around one coroutine function
-    await election.run(run_scheduler)
-
-    await election.who_leads()           # "web-3:4711", or None
+    await locks.election("scheduler").who_leads()    # "web-3:4711", or None
 """
 
 from __future__ import annotations
@@ -40,6 +27,7 @@ from ._lease import Lease
 from ._locks import Lock
 from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_async_callable, check_name
 from .backends._protocol import Backend, Kind, LockSpec, Noticeboard
+from .backends._tasks import Tasks
 
 __all__ = ["Election", "Term", "default_identity"]
 
@@ -126,10 +114,10 @@ class Term:
             # lease's watchdog, not the note, decides whether we still lead).
             try:
                 await election.post(board, lease)
+                self._publisher = election.start_publishing(board, lease)
             except BaseException:
                 await self._lock.__aexit__(None, None, None)
                 raise
-            self._publisher = asyncio.create_task(election.publish(board, lease))
         return self
 
     async def __aexit__(
@@ -158,27 +146,29 @@ class Term:
 
 @final
 class Election:
-    """Campaign for the leadership named ``name`` (module docstring for the three shapes).
+    """Campaign for the leadership named ``name`` (the three shapes: docs/core.md).
 
     Made by :meth:`LockClient.election <aiodlock.LockClient.election>`. A campaign waits
     as long as it takes (no timeout): each candidate is a waiter on the mutex, woken by the
     service when the leader resigns or its lease expires.
     """
 
-    __slots__ = ("_client", "_terms", "identity", "name", "ttl")
+    __slots__ = ("_client", "_tasks", "_terms", "identity", "name", "ttl")
 
     def __init__(
         self,
         client: LockMaker,
         name: str,
         *,
+        tasks: Tasks,
         identity: str | None = None,
         ttl: float | UseClientDefault = USE_CLIENT_DEFAULT,
     ) -> None:
         self._client = client
+        self._tasks = tasks  # the election's share of the client's task group: its publishers
         self.name = check_name(name)
-        self.identity = default_identity() if identity is None else check_name(
-            identity, argument="identity"
+        self.identity = (
+            default_identity() if identity is None else check_name(identity, argument="identity")
         )
         self.ttl = client.ttl if isinstance(ttl, UseClientDefault) else ttl
         # The terms entered with `async with election`, per task: one Election object may be
@@ -207,6 +197,11 @@ class Election:
         except BackendError as exc:
             logger.warning("could not publish the leader of %r: %s", self.name, exc)
             return True
+
+    def start_publishing(self, board: Noticeboard, lease: Lease) -> asyncio.Task[None]:
+        """Run :meth:`publish` in the client's task group (RuntimeError if it is closed); the
+        term cancels and awaits the task when it ends, and the client's close ends it too."""
+        return self._tasks.spawn(self.publish(board, lease), f"aiodlock-leader-{self.name}")
 
     async def publish(self, board: Noticeboard, lease: Lease) -> None:
         """Pin our identity again every ttl/3 while the lease lasts."""

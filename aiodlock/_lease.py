@@ -7,7 +7,8 @@ A lease is in one of three states, and :class:`LeaseState` is the only code that
     HELD | LOST ──end()──▶ RELEASED   (release() or client close; idempotent)
     RELEASED ──found_lost()──▶ RELEASED, lost set   (the release found the lock gone)
 
-The public :class:`Lease` is a read-only view over one ``LeaseState`` plus ``release()``. The
+The public :class:`Lease` is a read-only view over one ``LeaseState`` plus ``release()`` and
+``extend()`` (which the lock object that took the lease provides, as ``LeaseState.extender``). The
 keep-alive (:mod:`aiodlock._watchdog`), the client's table of live leases
 (:mod:`aiodlock._local`) and the ``async with`` guard (:mod:`aiodlock._guard`) hold the
 ``LeaseState`` and drive it only through its methods.
@@ -20,7 +21,7 @@ import enum
 from collections.abc import Awaitable, Callable
 from typing import final
 
-from ._exceptions import LockLostError, LockNotOwnedError
+from ._exceptions import LockError, LockLostError, LockNotOwnedError
 from ._telemetry import Hold
 from .backends._protocol import LockSpec
 
@@ -36,6 +37,9 @@ class LeaseStatus(enum.Enum):
 
 
 LossCallback = Callable[[LockLostError], None]
+Extender = Callable[["LeaseState", float | None], Awaitable[float]]
+"""Renews a lease now, maybe to a new ttl, and returns its new ``remaining`` (see
+:meth:`Lease.extend`); the lock object that took the lease provides it."""
 
 
 @final
@@ -52,15 +56,19 @@ class LeaseState:
     __slots__ = (
         "_callbacks",
         "_lost",
+        "_renewal_lock",
         "_session_deadline",
         "_ttl_valid_until",
+        "extender",
         "fencing_token",
+        "granted_at",
         "hold",
         "lost_reason",
         "owner",
         "renewing",
         "spec",
         "status",
+        "ttl",
     )
 
     def __init__(
@@ -72,6 +80,8 @@ class LeaseState:
         *,
         session_deadline: Callable[[LockSpec, str], float | None] | None = None,
         hold: Hold | None = None,
+        ttl: float | None = None,
+        granted_at: float | None = None,
     ) -> None:
         self.spec = spec
         self.owner = owner
@@ -79,6 +89,10 @@ class LeaseState:
         self._ttl_valid_until = valid_until
         self._session_deadline = session_deadline
         self.renewing = False  # a renewal request is in flight (set by the keep-alive)
+        self.ttl = ttl  # the lease's ttl now (extend(ttl) changes it); None: not known
+        self.granted_at = granted_at  # loop time of the grant (max_hold counts from it)
+        self.extender: Extender | None = None  # set by the lock object that took the lease
+        self._renewal_lock: asyncio.Lock | None = None  # made at the first renewal
         self.status = LeaseStatus.HELD
         self.lost_reason: LockLostError | None = None
         self._lost: asyncio.Event | None = None  # made when first asked for (rarely)
@@ -103,6 +117,21 @@ class LeaseState:
         if session is None or session >= self._ttl_valid_until:
             return self._ttl_valid_until
         return session
+
+    @property
+    def renewal_lock(self) -> asyncio.Lock:
+        """Held around every renewal of this lease (keep-alive or ``extend()``): never two in
+        flight for one lease."""
+        lock = self._renewal_lock
+        if lock is None:
+            lock = self._renewal_lock = asyncio.Lock()
+        return lock
+
+    def remaining(self, now: float) -> float:
+        """Seconds of local validity left at ``now`` (loop time); 0 unless held."""
+        if self.status is not LeaseStatus.HELD:
+            return 0.0
+        return max(0.0, self.valid_until - now)
 
     def session_deadline(self) -> float | None:
         """Until when the session holding the lease is surely alive, if it is a session lease."""
@@ -246,6 +275,61 @@ class Lease:
         """True until the lease is released or lost."""
         return self._state.status is LeaseStatus.HELD
 
+    @property
+    def remaining(self) -> float:
+        """Seconds left of the lease's local validity: ``valid_until - loop.time()``, never
+        below 0, and 0 once the lease is lost or released.
+
+        It is measured on the event loop's clock, whatever clock that loop uses, and drops
+        steadily between renewals (each renewal, or :meth:`extend`, moves it back up)::
+
+            if lease.remaining < 5:
+                await lease.extend()
+        """
+        return self._state.remaining(asyncio.get_running_loop().time())
+
+    async def extend(self, ttl: float | None = None) -> float:
+        """Renew the lease now, through the same path as its keep-alive (never two renewals
+        of one lease in flight), and count the next renewals from this one.
+
+        With ``ttl``, the lease runs on that ttl from now on (this renewal asks the service
+        for it, and the keep-alive renews it every ``ttl / 3``) — on backends whose leases
+        expire by ttl (Redis, Redlock, memory). On session backends (ZooKeeper, etcd, MySQL,
+        PostgreSQL) a lease lives as long as the client's session, whose timeout governs:
+        a different ``ttl`` is :class:`~aiodlock.UnsupportedError` there (the same ttl is
+        accepted). ``max_hold`` still counts from the grant: past it, an ``extend()`` gives
+        the lease one more ttl, and the keep-alive renews it no more.
+
+        Example::
+
+            async with locks.lock("import", ttl=30) as lease:
+                await load_first_half()
+                await lease.extend(120)  # the second half is slow
+                await load_second_half()
+
+        Args:
+            ttl: the lease's new ttl in seconds; ``None`` keeps the current one.
+
+        Returns:
+            The new :attr:`remaining`.
+
+        Raises:
+            LockLostError: the lease was lost before, or this renewal found it gone.
+            BackendError: the service failed or did not answer within ``request_timeout``
+                (the lease is still held and kept alive, until its validity runs out).
+            UnsupportedError: a ttl change on a session backend.
+            RuntimeError: the lease was released.
+        """
+        state = self._state
+        if state.status is LeaseStatus.RELEASED:
+            raise RuntimeError(f"lease on {self.name!r} was released: it cannot be extended")
+        if state.lost_reason is not None:
+            raise state.lost_reason
+        extender = state.extender
+        if extender is None:
+            raise LockError(f"lease on {self.name!r} is not kept by a lock: it cannot be extended")
+        return await extender(state, ttl)
+
     def assert_held(self) -> None:
         """Raise :class:`LockLostError` unless the lease is held and locally valid now.
 
@@ -275,6 +359,5 @@ class Lease:
 
     def __repr__(self) -> str:
         return (
-            f"<Lease {self.name!r} {self._state.status.value} "
-            f"fencing_token={self.fencing_token}>"
+            f"<Lease {self.name!r} {self._state.status.value} fencing_token={self.fencing_token}>"
         )

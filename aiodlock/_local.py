@@ -1,26 +1,10 @@
 """What one client holds and queues for locally: local turns, reentrancy and live leases.
 
 Every lease the client is granted — through ``async with``, ``acquire()`` or ``try_acquire()``
-— is recorded here with its keep-alive task, whichever way it was taken, so there is one path
-for keep-alive, reentrancy and teardown:
-
-* **Live leases.** :meth:`Holdings.add` starts the keep-alive (in the client's supervisor) and
-  returns the public :class:`~aiodlock.Lease`; :meth:`Holdings.release` ends it (stopping the
-  keep-alive, then releasing on the service); :meth:`Holdings.close` gives back everything
-  still held when the client closes.
-* **Reentrancy.** An exclusive lease belongs to the task that took it. The same task may enter
-  it again (a depth count over one lease) if the lock is reentrant; each exit or ``release()``
-  undoes one entry, and the last one releases.
-* **Local turns.** Tasks of one client contend at the service for a mutex, a write lock or a
-  semaphore permit one at a time, in arrival order (:class:`Turns`): a task that has just
-  released cannot barge in ahead of its local waiters, and N local waiters cost the service one
-  (one connection, one queue entry) — which also keeps a storm of cancelled local waiters from
-  churning the service's connections and queues. A backend that keeps that one queue entry
-  from task to task (ZooKeeper: a :class:`~aiodlock.backends.TurnObserver`) is told when the
-  client's tasks begin and end taking turns for a lock.
-
-Nothing here grows with the number of lock names ever used: every entry is removed when its
-last user leaves.
+— is recorded in :class:`Holdings` with its keep-alive, so there is one path for keep-alive,
+reentrancy and teardown. The tasks of one client take :class:`Turns` at the service for a
+mutex, a write lock or a semaphore permit, in arrival order: N local waiters cost the service
+one. Nothing here grows with the number of lock names ever used. The design: docs/core.md.
 """
 
 from __future__ import annotations
@@ -156,7 +140,7 @@ class LiveLease:
 
 
 class Holdings:
-    """The client's table of live leases, reentrancy and local turns (module docstring)."""
+    """The client's table of live leases, reentrancy and local turns (docs/core.md)."""
 
     __slots__ = ("_by_task", "_live", "_supervisor", "turns")
 
@@ -225,10 +209,6 @@ class Holdings:
         """The guard ``task`` claimed is gone."""
         live.guarded.discard(task)
 
-    def entry_of(self, state: LeaseState) -> LiveLease | None:
-        """The record of a live lease, or None once it was released."""
-        return self._live.get(state)
-
     def count(self, source: object) -> int:
         """Leases taken by ``source`` and held now."""
         return sum(
@@ -260,15 +240,31 @@ class Holdings:
             # (_lost); the caller must not wait for a service that may be unreachable.
             raise LockNotOwnedError(f"{state.spec.describe()} was lost before release") from reason
         keeping = None if live is None or not state.renewing else live.keeper.running()
-        if keeping is not None:
-            # A renewal is in flight, maybe on the very connection the release will use (MySQL
-            # pins one per lease): let the cancelled keep-alive finish first.
-            try:
-                await asyncio.wait((keeping,))
-            except asyncio.CancelledError:
-                self._supervisor.compensate(state.spec, state.owner)
+        # The caller leaves within request_timeout whatever the service does: a release still
+        # unconfirmed then goes on in the background, and the lease is reported lost (its
+        # holder cannot know whether the end of its critical section ran under the lock).
+        budget = asyncio.timeout(self._supervisor.request_timeout)
+        try:
+            async with budget:
+                if keeping is not None:
+                    # A renewal is in flight, maybe on the very connection the release will
+                    # use (MySQL pins one per lease): let the cancelled keep-alive finish.
+                    try:
+                        await asyncio.wait((keeping,))
+                    except asyncio.CancelledError:
+                        self._supervisor.compensate(state.spec, state.owner)
+                        raise
+                released = await self._supervisor.release(state.spec, state.owner)
+        except TimeoutError as exc:
+            if not budget.expired():
                 raise
-        if not await self._supervisor.release(state.spec, state.owner):
+            what = f"release of {state.spec.describe()}"
+            unconfirmed = self._supervisor.no_answer(what)
+            state.found_lost(
+                LockLostError(f"{unconfirmed}: it goes on in the background, the lease is lost")
+            )
+            raise unconfirmed from exc
+        if not released:
             what = state.spec.describe()
             found = LockLostError(
                 f"{what} was found expired or taken when it was released: "

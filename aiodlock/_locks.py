@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, final
 
 from . import _telemetry
 from ._acquire import AcquireCounters, Granted, attempt_once, wait_for_grant
 from ._exceptions import (
+    BackendError,
     LockError,
     LockLostError,
     LockNotOwnedError,
@@ -33,12 +35,13 @@ from ._exceptions import (
 )
 from ._guard import LossGuard
 from ._inflight import InFlight
-from ._lease import Lease, LeaseState
+from ._lease import Lease, LeaseState, LeaseStatus
 from ._local import Holdings, LiveLease
+from ._stats import LockCounters
 from ._supervisor import Supervisor
-from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_timeout
-from ._watchdog import drift
-from .backends._protocol import Backend, Capability, Kind, LockSpec
+from ._validate import USE_CLIENT_DEFAULT, UseClientDefault, check_timeout, check_ttl
+from ._watchdog import drift, renew_once
+from .backends._protocol import Backend, Capability, Inspector, Kind, LockSpec
 
 __all__ = [
     "BaseLock",
@@ -58,18 +61,23 @@ Ts = TypeVarTuple("Ts")
 
 @dataclass(frozen=True, slots=True)
 class LockContext:
-    """What a lock object works with: its client's backend, supervisor, holdings and the
-    acquires in flight (which a closing client interrupts)."""
+    """What a lock object works with: its client's backend, supervisor, holdings, the
+    acquires in flight (which a closing client interrupts) and its statistics recorder."""
 
     backend: Backend
     supervisor: Supervisor
     holdings: Holdings
     inflight: InFlight
+    stats: LockCounters = field(default_factory=LockCounters)
 
 
 @dataclass(frozen=True, slots=True)
 class LockStatistics:
     """What one lock object has seen, in this process.
+
+    Only this object's own acquisitions count: a new ``locks.lock("a")`` starts at zero even
+    if "a" was used before. The figures of every lock object of a name are the client's:
+    ``locks.statistics().by_name["a"]``.
 
     Attributes:
         name: the lock's name.
@@ -131,9 +139,9 @@ class BaseLock:
 
     # ------------------------------------------------------------------ acquiring
 
-    async def acquire(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> (
-        Lease
-    ):
+    async def acquire(
+        self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT
+    ) -> Lease:
         """Wait for the lock and return the :class:`Lease`.
 
         The lease is kept alive by the client until ``lease.release()``; if it is lost,
@@ -199,6 +207,7 @@ class BaseLock:
             except LockTimeoutError:
                 waited = asyncio.get_running_loop().time() - started
                 _telemetry.timed_out(self._spec, waited=waited)
+                context.stats.timed_out(self._spec.name)
                 raise
         return self._hold(granted, task, started)
 
@@ -221,8 +230,10 @@ class BaseLock:
 
     def _hold(self, granted: Granted, task: asyncio.Task[Any], started: float) -> LiveLease:
         valid_until = granted.sent + self.ttl - drift(self.ttl)
-        waited = asyncio.get_running_loop().time() - started
+        now = asyncio.get_running_loop().time()
+        waited = now - started
         hold = _telemetry.acquired(self._spec, token=granted.fencing_token, waited=waited)
+        self._context.stats.granted(self._spec.name, waited=waited)
         # Session backends bound the lease by their session; a TTL backend may bound it by
         # a stricter validity rule of its own (Redlock's drift_factor). Others return None.
         state = LeaseState(
@@ -232,14 +243,111 @@ class BaseLock:
             valid_until,
             session_deadline=self._context.backend.session_deadline,
             hold=hold,
+            ttl=self.ttl,
+            granted_at=now,
         )
         state.on_loss(self._note_lost)
-        return self._context.holdings.add(
+        live = self._context.holdings.add(
             state, task=task, source=self, ttl=self.ttl, max_hold=self.max_hold
         )
+        state.extender = lambda state, ttl: self._extend(live, ttl)
+        return live
 
     def _note_lost(self, reason: LockLostError) -> None:
         self._lost += 1
+        self._context.stats.lost(self._spec.name)
+
+    # ------------------------------------------------------------------ extend (Lease.extend)
+
+    async def _extend(self, live: LiveLease, ttl: float | None) -> float:
+        """Renew ``live`` now, to ``ttl`` if given; return its new ``remaining``.
+
+        Serialised with the keep-alive by the lease's renewal lock; once confirmed, the
+        keep-alive is replaced by one that counts its renewals from this one (at the new
+        ttl), so a shorter ttl is renewed in time and a longer one is not renewed early.
+        """
+        state = live.state
+        context = self._context
+        backend = context.backend
+        current = state.ttl if state.ttl is not None else self.ttl
+        new_ttl = current if ttl is None else check_ttl(ttl)
+        if new_ttl != current and Capability.TTL_LEASE not in backend.capabilities:
+            raise UnsupportedError(
+                f"{backend.describe()} cannot change the ttl of a lease on "
+                f"{self._spec.describe()}: a lease there lives as long as the client's "
+                "session, and the session's timeout governs it (connect with another ttl "
+                "or session_ttl instead)"
+            )
+        loop = asyncio.get_running_loop()
+        async with state.renewal_lock:
+            _check_extendable(state, loop.time())
+            deadline = min(state.valid_until, loop.time() + backend.request_timeout)
+            try:
+                confirmed = await renew_once(backend, state, new_ttl, deadline=deadline)
+            except TimeoutError as exc:
+                _check_extendable(state, loop.time())
+                what = f"renewal of {self._spec.describe()}"
+                raise context.supervisor.no_answer(what) from exc
+            except BackendError:
+                _check_extendable(state, loop.time())
+                raise
+            if not confirmed:
+                lost = LockLostError(
+                    f"{self._spec.describe()} is no longer held (its renewal was refused)"
+                )
+                state.lose(lost)
+                raise lost
+            _check_extendable(state, loop.time())  # released or lost meanwhile
+            state.ttl = new_ttl
+            self._keep_from_now(live, new_ttl, loop.time())
+        return state.remaining(loop.time())
+
+    def _keep_from_now(self, live: LiveLease, ttl: float, now: float) -> None:
+        """Replace the lease's keep-alive with one whose renewals count from ``now``."""
+        max_hold = self.max_hold
+        granted_at = live.state.granted_at
+        if max_hold is not None and granted_at is not None:
+            # max_hold still counts from the grant; past it, the keep-alive renews no more.
+            max_hold = max(max_hold - (now - granted_at), _PAST_MAX_HOLD)
+        live.keeper.cancel()
+        live.keeper = self._context.supervisor.keep(live.state, ttl=ttl, max_hold=max_hold)
+
+    # ------------------------------------------------------------------ locked()
+
+    async def locked(self) -> bool:
+        """Ask the service whether this lock (its name and kind) is held now, by anyone.
+
+        Any holder counts: this client, another one, or another process. For the
+        reader/writer pair, ``read_lock(name).locked()`` and ``write_lock(name).locked()``
+        both say whether the pair is held, by readers or by a writer. The answer may be stale
+        by the time you read it: to act on a free lock, use :meth:`try_acquire`.
+        Each call lists the namespace's locks on the service (the operators' ``inspect``).
+
+        Example::
+
+            if await locks.lock("nightly-report").locked():
+                print("a report is being built")
+
+        Raises:
+            UnsupportedError: the backend cannot list its locks (``Capability.INSPECT``).
+            BackendError: the service failed.
+            RuntimeError: the client is not open.
+        """
+        context = self._context
+        context.supervisor.require_running()
+        backend = context.backend
+        if Capability.INSPECT not in backend.capabilities or not isinstance(backend, Inspector):
+            raise UnsupportedError(
+                f"{backend.describe()} cannot list its locks, so it cannot tell whether "
+                f"{self._spec.describe()} is held"
+            )
+        spec = self._spec
+        family = _family(spec.kind)
+        infos = await backend.inspect(spec.namespace, glob_escape(spec.name))
+        return any(
+            info.name == spec.name and _family(info.kind) == family and info.holders
+            for info in infos
+        )
 
     # ------------------------------------------------------------------ async with
 
@@ -319,6 +427,36 @@ class BaseLock:
             f"<{type(self).__name__} {self.name!r}{extra}{fair}{reentrant} "
             f"held={stats.held} waiting={stats.waiting} on {self._context.backend.describe()}>"
         )
+
+
+_PAST_MAX_HOLD = 1e-9
+"""The max_hold left for a keep-alive started past the lease's max_hold: none (no renewal)."""
+
+
+def _check_extendable(state: LeaseState, now: float) -> None:
+    """Raise unless ``state`` is held and locally valid (what ``extend()`` may renew)."""
+    if state.status is LeaseStatus.RELEASED:
+        raise RuntimeError(f"lease on {state.spec.name!r} was released: it cannot be extended")
+    if state.lost_reason is not None:
+        raise state.lost_reason
+    if now >= state.valid_until:
+        lost = LockLostError(f"lease on {state.spec.name!r} is past its validity deadline")
+        state.lose(lost)
+        raise lost
+
+
+def _family(kind: Kind) -> Kind:
+    """The lock a kind belongs to: read and write are two sides of one."""
+    return Kind.WRITE if kind is Kind.READ else kind
+
+
+_GLOB = re.compile(r"([*?\[])")
+
+
+def glob_escape(name: str) -> str:
+    """A glob (``fnmatch``) pattern that matches ``name`` and nothing else: ``"a*"`` →
+    ``"a[*]"``."""
+    return _GLOB.sub(r"[\1]", name)
 
 
 def _current_task() -> asyncio.Task[Any]:
@@ -425,4 +563,3 @@ def check_kind(backend: Backend, spec: LockSpec) -> None:
             f"{backend.describe()} cannot provide a {spec.kind.value} lock (lacks {names})"
         )
     backend.check(spec)
-

@@ -1,19 +1,12 @@
 """The owner of every background task of one client: keep-alives and compensating releases.
 
-One :class:`asyncio.TaskGroup`, opened with the client and closed with it, holds every task the
-library starts on the user's behalf, so leaving ``async with aiodlock.connect(...)`` waits for
-all of them and leaves nothing running. A child of that group must never fail (a failure would
-cancel the task that opened the client): a lost lease is reported through its
-:class:`~aiodlock._lease.LeaseState`, a failed background release is logged.
-
-Logging follows the service's state, not the requests: the first release that fails logs one
-WARNING and the first answer after that one INFO line; the failures in between are DEBUG. An
-outage under load (every request failing) is two lines, not thousands.
+They run in the client's one task group (a :class:`~aiodlock.backends.Tasks` share), so
+leaving ``async with aiodlock.connect(...)`` leaves nothing running. A failing service is
+logged by its state, not per request (one WARNING, one INFO at recovery: docs/core.md).
 
 Example (what the client does)::
 
-    supervisor = Supervisor(backend)
-    await supervisor.start()
+    supervisor = Supervisor(backend, root.tasks())
     keeper = supervisor.keep(state, ttl=30.0, max_hold=None)
     released = await supervisor.release(spec, owner)
     await supervisor.stop()
@@ -27,11 +20,12 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from ._exceptions import LockLostError
+from ._exceptions import BackendError, LockLostError
 from ._lease import LeaseState
 from ._watchdog import RENEWALS_PER_TTL, keep_alive
 from .backends._deadlines import EARLY
 from .backends._protocol import Backend, LockSpec, LossSignal
+from .backends._tasks import Tasks
 
 __all__ = ["RELEASE_TIMEOUT", "Keeper", "Supervisor", "logger"]
 
@@ -203,43 +197,36 @@ class _FirstRenewals:
 class Supervisor:
     """Runs and owns a client's background tasks (see the module docstring)."""
 
-    __slots__ = ("_backend", "_cleanups", "_failing", "_first_renewals", "_group")
+    __slots__ = ("_backend", "_cleanups", "_failing", "_first_renewals", "_tasks")
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, tasks: Tasks) -> None:
         self._backend = backend
-        self._group: asyncio.TaskGroup | None = None
+        self._tasks = tasks
         self._cleanups: set[asyncio.Task[None]] = set()
         self._failing = False  # the last request we could judge by failed (see failed())
         self._first_renewals: dict[float, _FirstRenewals] = {}  # by delay
 
     @property
     def running(self) -> bool:
-        """True between :meth:`start` and :meth:`stop`."""
-        return self._group is not None
+        """True until :meth:`stop` (while the client's task group is open)."""
+        return not self._tasks.closed
 
     @property
     def cleanups(self) -> int:
         """Compensating releases still running."""
         return len(self._cleanups)
 
-    async def start(self) -> None:
-        """Open the task group (the client is entering)."""
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
-        self._group = group
-
     async def stop(self) -> None:
-        """Close the task group: wait for every task still running. Cancel keep-alives first."""
-        group, self._group = self._group, None
+        """Wait for every task still running, then take no more. Cancel keep-alives first."""
         for queue in self._first_renewals.values():
             queue.close()
         self._first_renewals.clear()
-        if group is not None:
-            await group.__aexit__(None, None, None)
+        await self._tasks.wait()
+        await self._tasks.aclose()
 
     def require_running(self) -> None:
         """Raise ``RuntimeError`` unless the client is open (a programming error)."""
-        if self._group is None:
+        if self._tasks.closed:
             raise RuntimeError(
                 "this LockClient is not open: use `async with aiodlock.connect(...) as locks:`"
             )
@@ -276,10 +263,12 @@ class Supervisor:
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release-if-owner; if cancelled midway, finish it in the background.
 
-        The fast path runs inline (no task, no extra timer per release: every backend call is
-        bounded by the backend's own request timeout). Release is idempotent, so when the
-        caller is cancelled while the request is in flight the same release is simply sent
-        again from an owned background task, and the cancellation propagates at once.
+        The fast path runs inline (no task, no timer of its own: the lease's release in
+        ``Holdings.release`` bounds the whole of it by ``request_timeout``, and a queue's
+        release in ``attempt_once`` is inside that attempt's bound). Release is idempotent,
+        so when the caller is cancelled while the request is in flight the same release is
+        simply sent again from an owned background task, and the cancellation propagates at
+        once.
         """
         try:
             released = await self._backend.release(spec, owner)
@@ -289,11 +278,23 @@ class Supervisor:
         self.answered()
         return released
 
+    @property
+    def request_timeout(self) -> float:
+        """The backend's bound on one request (what a release may keep its caller)."""
+        return self._backend.request_timeout
+
+    def no_answer(self, what: str) -> BackendError:
+        """The error of a request cut off at ``request_timeout`` (the service stalled)."""
+        return BackendError(
+            f"{what} got no answer from {self._backend.describe()} within "
+            f"request_timeout ({self.request_timeout:g} s)"
+        )
+
     def compensate(self, spec: LockSpec, owner: str) -> None:
         """Release-if-owner in the background: for an acquire whose outcome is unknown, a grant
         nobody will use, or a queue entry nobody will wait on. After stop(), the lease simply
         ends by expiry."""
-        if self._group is None:
+        if self._tasks.closed:
             return
         task = self._spawn(self._background_release(spec, owner), name="aiodlock-release")
         self._cleanups.add(task)
@@ -337,8 +338,7 @@ class Supervisor:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
-        if self._group is None:
+        if self._tasks.closed:
             coro.close()
             self.require_running()
-        assert self._group is not None
-        return self._group.create_task(coro, name=name)
+        return self._tasks.spawn(coro, name)

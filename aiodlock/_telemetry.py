@@ -1,28 +1,11 @@
 """Observability in one place: the log records and the OpenTelemetry spans and metrics of a
 lock's state changes.
 
-The core calls this module where a lock changes state, and nowhere else: :func:`acquired`
-when a grant arrives (``_locks``), :func:`timed_out` when a wait gives up (``_locks``),
-:meth:`Hold.released` and :meth:`Hold.lost` as the lease ends (``_lease``, the lease's own state
-machine), :func:`renewal_failed` and :func:`renewal_recovered` around a streak of failed
-renewals (``_watchdog``).
-
-**Logs** go to the logger ``aiodlock.locks``, one record per state change (never per request),
-each carrying the lock in ``extra=`` fields: ``aiodlock_namespace``, ``aiodlock_name``,
-``aiodlock_kind`` (``mutex``, ``read``, ``write``, ``semaphore``) and ``aiodlock_token`` (the
-fencing token; ``None`` before a grant). Grants and releases are DEBUG; a lost lease and the
-first failed renewal of a streak are WARNING (the recovery is INFO). Records never carry a URL,
-a password or a service's reply.
-
-**OpenTelemetry** (``pip install 'aiodlock[otel]'``) is used when ``opentelemetry-api`` is
-importable, through the global tracer and meter providers the application configures; without
-it, and until the application sets a provider, every call here is a no-op beyond logging.
-``import aiodlock`` never imports it (the first grant does). Spans: ``aiodlock.acquire`` (from
-the call to the grant or the timeout, with ``aiodlock.wait_seconds``) and ``aiodlock.hold``
-(from the grant to the release or the loss; status ERROR on a loss). Metrics: the counters
-``aiodlock.grants``, ``aiodlock.timeouts`` and ``aiodlock.losses`` and the histogram
-``aiodlock.wait`` (seconds), with the attributes ``aiodlock.namespace`` and ``aiodlock.kind``
-(not the lock name: names are unbounded).
+The core calls this module where a lock changes state, and nowhere else: :func:`acquired`,
+:func:`timed_out`, :meth:`Hold.released`, :meth:`Hold.lost`, :func:`renewal_failed` and
+:func:`renewal_recovered`. Logs go to ``aiodlock.locks``, one record per state change with the
+lock in ``extra=`` fields; OpenTelemetry is used only when installed and configured. Who calls
+what, and the records, spans and metrics: docs/core.md and docs/operations.md.
 
 Example (what the core does around one acquisition)::
 

@@ -14,15 +14,19 @@ from __future__ import annotations
 import enum
 import inspect
 import math
+import os
+import socket
 from typing import Any, Final, Literal
 
 __all__ = [
+    "IDENTITY_MAX",
     "MAX_NAME_BYTES",
     "MIN_TTL",
     "USE_CLIENT_DEFAULT",
     "UseClientDefault",
     "check_async_callable",
     "check_bool",
+    "check_identity",
     "check_limit",
     "check_name",
     "check_namespace",
@@ -30,6 +34,7 @@ __all__ = [
     "check_timeout",
     "check_ttl",
     "convert_query",
+    "default_identity",
 ]
 
 MAX_NAME_BYTES: Final = 1024
@@ -79,6 +84,29 @@ def check_namespace(namespace: object) -> str:
     if bad:
         raise ValueError(f"namespace must not contain {''.join(sorted(bad))!r}")
     return checked
+
+
+IDENTITY_MAX: Final = 128
+"""Characters of an ``identity`` at most: a host name and a pid, or a pod and a worker."""
+
+
+def default_identity() -> str:
+    """``host:pid`` of this process, the ``identity`` a client stores with its locks unless
+    told otherwise. Read at ``connect()``: a client made before a fork keeps the parent's."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:IDENTITY_MAX]
+
+
+def check_identity(identity: object) -> str:
+    """An identity is a printable str of 1 to :data:`IDENTITY_MAX` characters, shown to
+    operators by ``inspect``; it never names or separates anything, so any printable
+    character may appear."""
+    if not isinstance(identity, str):
+        raise TypeError(f"identity must be a str, not {type(identity).__name__}")
+    if not identity or len(identity) > IDENTITY_MAX:
+        raise ValueError(f"identity must have 1 to {IDENTITY_MAX} characters, not {len(identity)}")
+    if not identity.isprintable():
+        raise ValueError(f"identity must be printable text, not {identity!r}")
+    return identity
 
 
 def check_seconds(

@@ -1,19 +1,9 @@
 """Keeping a lease alive, and saying so loudly when it cannot be.
 
-The watchdog is one coroutine per held lease. It renews every ``ttl / 3`` and keeps
-``lease.valid_until`` — the pessimistic local deadline computed from the *send* time of the
-last confirmed renewal minus a drift margin. It ends only by raising :class:`LockLostError`
-(or by being cancelled when the lease is released):
-
-* the service refused the renewal (someone deleted or expired the lock);
-* renewals kept failing (connection gone) until ``valid_until`` passed;
-* the event loop stalled or the process was stopped past ``valid_until`` — checked on every
-  wakeup, before anything else;
-* ``max_hold`` was reached: renewals stop and the lease runs out.
-
-A loss is reported by moving the lease to LOST (:meth:`LeaseState.lose`): that sets
-``lease.lost`` and runs the lease's loss callbacks, through which an ``async with`` body is
-cancelled. The watchdog knows a backend and a lease, and nothing about locks or clients.
+One coroutine per held lease renews every ``ttl / 3`` and keeps ``lease.valid_until`` (from the
+*send* time of the last confirmed renewal, minus a drift margin). It ends only by a loss —
+refused renewal, renewals failing past ``valid_until``, a stalled loop, ``max_hold`` — moving
+the lease to LOST, or by being cancelled at release. The cases: docs/core.md.
 
 Example (what the client's supervisor runs for every lease, from its first renewal on)::
 
@@ -30,10 +20,10 @@ from typing import NoReturn
 
 from . import _telemetry
 from ._exceptions import BackendError, LockLostError
-from ._lease import LeaseState
+from ._lease import LeaseState, LeaseStatus
 from .backends._protocol import Backend
 
-__all__ = ["RENEWALS_PER_TTL", "drift", "keep_alive"]
+__all__ = ["RENEWALS_PER_TTL", "drift", "keep_alive", "renew_once"]
 
 # How many times per lease period a renewal is attempted, and how often a failed renewal is
 # retried within the remaining validity.
@@ -102,8 +92,8 @@ async def _renew_forever(
                 # (ZooKeeper's reaper) may say so in the same loop turn as our own deadline.
                 raise LockLostError(f"lock {name!r} was held longer than max_hold")
             raise LockLostError(
-                f"lock {name!r} was lost: {backend.describe()} "
-                "ended the session or connection that held it"
+                f"lock {name!r} was lost: {backend.describe()} reported it gone (broken, "
+                "deleted, or it ended the session or connection that held it)"
             )
         now = loop.time()
         if now >= state.valid_until:
@@ -120,13 +110,18 @@ async def _renew_forever(
                 f"lease on {name!r} passed its local validity deadline "
                 "(renewals failed, or the event loop or process was stalled)"
             )
-        if now < next_renewal:
+        if now < next_renewal or (hold_until is not None and next_renewal >= hold_until):
+            # Not due; or past max_hold, woken early by a session deadline that a keep-alive
+            # moved meanwhile: never renew then, wait for the ttl-based deadline instead.
             continue
         sent = now
-        state.renewing = True
         try:
-            async with asyncio.timeout_at(state.valid_until):
-                still_ours = await backend.renew(state.spec, state.owner, ttl)
+            async with state.renewal_lock:
+                # Ended while this waited for an extend() to finish: nothing left to keep.
+                if state.status is not LeaseStatus.HELD:
+                    raise state.lost_reason or LockLostError(f"lock {name!r} was released")
+                sent = loop.time()
+                still_ours = await renew_once(backend, state, ttl, deadline=state.valid_until)
         except (BackendError, TimeoutError) as exc:
             # Transient failure: retry soon, but never past the validity deadline (the
             # check at the top of the loop turns that into a loss).
@@ -139,15 +134,36 @@ async def _renew_forever(
                     state.spec, state.fencing_token, error, remaining=remaining
                 )
             continue
-        finally:
-            state.renewing = False
         if not still_ours:
             raise LockLostError(f"lock {name!r} is no longer held (renewal refused)")
         if failing:
             failing = False
             _telemetry.renewal_recovered(state.spec, state.fencing_token)
-        state.renewed(sent + ttl - drift(ttl))
         next_renewal = sent + interval
+
+
+async def renew_once(backend: Backend, state: LeaseState, ttl: float, *, deadline: float) -> bool:
+    """One renewal of ``state`` to ``ttl``, cut off at ``deadline`` (loop time); on success
+    ``valid_until`` moves to its send time + ``ttl`` - drift. The keep-alive and
+    ``Lease.extend()`` both renew through it, holding ``state.renewal_lock``.
+
+    Returns:
+        False if the service says the lease is no longer held.
+
+    Raises:
+        BackendError: the service failed.
+        TimeoutError: no answer by ``deadline``.
+    """
+    sent = asyncio.get_running_loop().time()
+    state.renewing = True
+    try:
+        async with asyncio.timeout_at(deadline):
+            still_ours = await backend.renew(state.spec, state.owner, ttl)
+    finally:
+        state.renewing = False
+    if still_ours:
+        state.renewed(sent + ttl - drift(ttl))
+    return still_ours
 
 
 async def _sleep_until(

@@ -46,7 +46,10 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 
 async def _floor(masters: list[Any]) -> Callable[[], Awaitable[None]]:
+    from aiodlock.backends import Kind, LockSpec
     from aiodlock.backends.redis import _scripts as lua
+    from aiodlock.backends.redis._keys import keys_for
+    from aiodlock.backends.redis._redlock_rounds import acquire_call, release_call
 
     for r in masters:
         await lua.load_all(r)
@@ -63,20 +66,19 @@ async def _floor(masters: list[Any]) -> Callable[[], Awaitable[None]]:
         # The third master's replies of the last cycle (long done by now).
         await asyncio.gather(*stragglers)
         stragglers.clear()
-        key = f"{{floor:{uuid.uuid4().hex}}}".encode()
-        await quorum(
-            [
-                asyncio.ensure_future(
-                    lua.run(r, lua.MUTEX_ACQUIRE, (key, key + b":f"), "o", 1000, 1000)
-                )
-                for r in masters
-            ]
+        # The library's own scripts, keys and arguments: the floor moves with them.
+        spec = LockSpec("floor", uuid.uuid4().hex, Kind.MUTEX)
+        keys = keys_for(spec.namespace, spec.name)
+        script, script_keys, args = acquire_call(
+            spec, keys, "o", 1000, client_id="c", fence_ms=1000, identity=b"bench"
         )
         await quorum(
+            [asyncio.ensure_future(lua.run(r, script, script_keys, *args)) for r in masters]
+        )
+        script, script_keys, args = release_call(spec, keys)
+        await quorum(
             [
-                asyncio.ensure_future(
-                    lua.run(r, lua.MUTEX_RELEASE, (key, key + b":s", key + b":w"), "o", "p")
-                )
+                asyncio.ensure_future(lua.run(r, script, script_keys, "o", "p", *args))
                 for r in masters
             ]
         )

@@ -3,7 +3,7 @@
 Run from the repository root (``python3 -m nox -s bench`` does)::
 
     python benchmarks/run.py                      # full run, ~10 min on 2 cores
-    python benchmarks/run.py --quick              # smoke run, ~1-2 min
+    python benchmarks/run.py --quick              # the targets' rows only, ~4 min
     python benchmarks/run.py --only redis --loops asyncio --repeat 5 --out /tmp/bench
     python benchmarks/run.py --render docs/benchmarks.json   # re-draw the Markdown and chart
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `tests` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import chart, report  # noqa: E402
+from benchmarks import chart, report, targets  # noqa: E402
 from benchmarks.adapters import LIBRARIES, Library  # noqa: E402
 from benchmarks.config import FULL, QUICK, Settings  # noqa: E402
 from benchmarks.servers import Server, started  # noqa: E402
@@ -42,9 +42,11 @@ _SLACK = 90.0  # seconds a cell may take beyond its own planned time before it i
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short smoke run (~1-2 min)")
-    parser.add_argument("--only", type=_choices(BACKENDS), default=list(BACKENDS),
-                        help="comma-separated backends (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the rows the targets read, short samples (~4 min)")
+    parser.add_argument("--only", type=_choices(BACKENDS), default=None,
+                        help="comma-separated backends (default: all, or with --quick those "
+                             "the targets read)")
     parser.add_argument("--loops", type=_choices(LOOPS), default=list(LOOPS),
                         help="event loops for aiodlock and the raw floors (default: both)")
     parser.add_argument("--all-loops", action="store_true",
@@ -72,13 +74,16 @@ def _choices(allowed: tuple[str, ...]) -> type[list[str]]:
     return Choices
 
 
-def plan(backends: list[str], loops: list[str], all_loops: bool) -> list[tuple[Library, str, str]]:
-    """Every (library, scenario, loop) cell, in a stable order."""
+def plan(backends: list[str], loops: list[str], all_loops: bool,
+         rows: frozenset[tuple[str, str]] | None = None) -> list[tuple[Library, str, str]]:
+    """Every (library, scenario, loop) cell, in a stable order (``rows``: only those)."""
     cells = []
     for library in LIBRARIES:
         if library.backend not in backends and library.backend != "none":
             continue
         for scenario in library.scenarios:
+            if rows is not None and (library.key, scenario) not in rows:
+                continue
             if not library.asynchronous:
                 cell_loops = ["threads"]
             elif scenario == "contended_procs" or (library.role == "incumbent" and not all_loops):
@@ -144,11 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     if args.repeat is not None:
         settings = replace(settings, repeat=max(1, args.repeat))
-    cells = plan(args.only, args.loops, args.all_loops)
+    rows = targets.ROWS if args.quick else None
+    backends = args.only or [
+        b for b in BACKENDS if rows is None or any(
+            lib.backend == b and (lib.key, scenario) in rows
+            for lib in LIBRARIES for scenario in lib.scenarios)
+    ]  # fmt: skip
+    cells = plan(backends, args.loops, args.all_loops, rows)
     began, load_before = time.perf_counter(), os.getloadavg()[0]
     runs: dict[tuple[str, str, str], list[dict[str, object]]] = {}
     skipped: dict[str, str] = {}
-    with started(args.only) as servers:
+    with started(backends) as servers:
         for backend, running in servers.items():
             print(f"{backend}: {running.version or running.error}", file=sys.stderr)
         for repeat in range(1, settings.repeat + 1):

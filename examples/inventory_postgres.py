@@ -119,9 +119,7 @@ class Shop:
 
     async def buy_unlocked(self) -> bool:
         async with self.pool.acquire() as conn:
-            stocks = await conn.fetchval(
-                f"SELECT stocks FROM {self.table} WHERE id = $1", GOODS_ID
-            )
+            stocks = await conn.fetchval(f"SELECT stocks FROM {self.table} WHERE id = $1", GOODS_ID)
             if stocks <= 0:
                 return False
             await self.pause()
@@ -174,9 +172,7 @@ class Shop:
             locks.lock(f"goods:{GOODS_ID}", ttl=10, timeout=60) as lease,
             self.pool.acquire() as conn,
         ):
-            stocks = await conn.fetchval(
-                f"SELECT stocks FROM {self.table} WHERE id = $1", GOODS_ID
-            )
+            stocks = await conn.fetchval(f"SELECT stocks FROM {self.table} WHERE id = $1", GOODS_ID)
             if stocks <= 0:
                 return False
             await self.pause()

@@ -14,7 +14,8 @@ The counter itself is read and written with aiozk's plain client: it stands for 
 the lock protects. (A resource that can check ``lease.fencing_token`` — the lock node's
 czxid, strictly increasing — can also refuse a holder that was paused past its session.)
 
-Run it against a ZooKeeper server (the workers start together at a common time)::
+Run it against a ZooKeeper server (the workers start together: a ZooKeeper barrier, each
+waiting on a child watch until every worker has announced itself, however slow to start)::
 
     python examples/zk_counter.py --url zookeeper://127.0.0.1:2181/examples
     python examples/zk_counter.py --url zookeeper://127.0.0.1:2181 --no-lock   # loses updates
@@ -31,12 +32,12 @@ import logging
 import random
 import subprocess
 import sys
-import time
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from aiozk import ZKClient  # the resource's own client (aiodlock[zookeeper] installs it)
+# The resource's own client (aiodlock[zookeeper] installs it).
+from aiozk import WatchEvent, ZKClient
 
 import aiodlock
 
@@ -51,13 +52,13 @@ def zk_hosts_and_root(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.rstrip("/")
 
 
-async def worker(url: str, counter: str, increments: int, use_lock: bool, start_at: float) -> None:
+async def worker(url: str, counter: str, increments: int, use_lock: bool, processes: int) -> None:
     hosts, _ = zk_hosts_and_root(url)
     zk = ZKClient(hosts, session_timeout=10)
     await zk.start()
     try:
         async with aiodlock.connect(url, namespace=NAMESPACE) as locks:
-            await asyncio.sleep(max(0.0, start_at - time.time()))  # start together
+            await start_together(zk, counter, processes)
             for _ in range(increments):
                 if use_lock:
                     async with locks.lock(counter, timeout=60):
@@ -66,6 +67,18 @@ async def worker(url: str, counter: str, increments: int, use_lock: bool, start_
                     await increment(zk, counter)
     finally:
         await zk.close()
+
+
+async def start_together(zk: Any, counter: str, processes: int) -> None:
+    """A barrier: announce this worker (an ephemeral child of the counter node), then wait on
+    a child watch until every worker has. Without it a worker slow to start could run after
+    the other had finished, and lose no update."""
+    await zk.create(f"{counter}/ready-", ephemeral=True, sequential=True)
+    while True:
+        changed = zk.wait_for_events([WatchEvent.CHILDREN_CHANGED], counter)
+        if len(await zk.get_children(counter, watch=True)) >= processes:
+            return
+        await changed
 
 
 async def increment(zk: Any, counter: str) -> None:
@@ -108,13 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--increments", type=int, default=20, help="per process")
     parser.add_argument("--no-lock", action="store_true", help="show the lost updates")
     parser.add_argument("--worker", metavar="COUNTER", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     use_lock = not args.no_lock
     logging.getLogger("aiozk").setLevel(logging.CRITICAL)  # the counter client's own chatter
 
     if args.worker:
-        asyncio.run(worker(args.url, args.worker, args.increments, use_lock, args.start_at))
+        asyncio.run(worker(args.url, args.worker, args.increments, use_lock, args.processes))
         return 0
 
     try:
@@ -122,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     except aiodlock.BackendError as exc:
         print(f"cannot use {args.url}: {exc}", file=sys.stderr)
         return 2
-    start_at = time.time() + 1.0
     warn_flags = [f"-W{option}" for option in sys.warnoptions]  # e.g. -W error, passed on
     command = [sys.executable, *warn_flags, __file__, "--url", args.url]
     command += ["--worker", counter, "--increments", str(args.increments)]
-    command += ["--start-at", str(start_at)] + ([] if use_lock else ["--no-lock"])
+    command += ["--processes", str(args.processes)] + ([] if use_lock else ["--no-lock"])
     workers = [subprocess.Popen(command) for _ in range(args.processes)]
     failed = [w.args for w in workers if w.wait() != 0]
     final = asyncio.run(finish_counter(args.url, counter))
@@ -137,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failed)} worker(s) failed", file=sys.stderr)
         return 1
     return 1 if use_lock and final != expected else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,9 +4,9 @@
 # Idempotent: installs only what is missing from PATH, so on a prepared machine it does
 # nothing and needs no root. Works on Debian/Ubuntu (apt-get); run as root, or as a user
 # with sudo. It never starts, stops or enables a system service: the tests start their own
-# processes on free ports. (Debian's redis-server and postgresql packages start a service on
-# 6379 and 5432 when they are installed; that is harmless and left alone, and nothing relies
-# on it: the tests run their own initdb'd cluster.)
+# processes on free ports. (Debian's redis-server, postgresql and pgbouncer packages start a
+# service on 6379, 5432 and 6432 when they are installed; that is harmless and left alone, and
+# nothing relies on it: the tests run their own initdb'd cluster and their own PgBouncers.)
 #
 # To add a server: append "binary:package [package...]" to DEPS. "binary" is a command looked
 # up on PATH, or an absolute path for files that are not on PATH, e.g.
@@ -21,9 +21,11 @@ set -euo pipefail
 DEPS=(
     "redis-server:redis-server"
     "/usr/share/zookeeper/bin/zkServer.sh:zookeeper"
+    "/usr/share/java/netty-codec.jar:libnetty-java"  # ZooKeeper's secureClientPort (TLS tests)
     "/usr/sbin/mariadbd:mariadb-server"
     "/usr/bin/mariadb-install-db:mariadb-server"
     "initdb|/usr/lib/postgresql/*/bin/initdb:postgresql"
+    "/usr/sbin/pgbouncer:pgbouncer"  # in front of PostgreSQL: session and transaction pooling
     "etcd:etcd-server"
     "etcdctl:etcd-client"
 )

@@ -39,6 +39,7 @@ and starts its own servers, on free ports, when a test first asks for them.
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import functools
 import os
 import re
@@ -47,6 +48,13 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pytest
+
+# The harness starts servers with fork + exec (a preexec_fn ties each to its worker's life).
+# gRPC's fork handlers (grpcio, under the etcd client) run in such a child between the two and,
+# when the parent's gRPC threads are busy, can abort it before exec ("epoll_wait error: Bad
+# file descriptor", exit -6). No test forks a process that goes on using gRPC: turn them off,
+# before anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 pytest.register_assert_rewrite(
     "aiodlock.testing.conformance",
@@ -69,6 +77,7 @@ if TYPE_CHECKING:
     from tests.servers import RedisServer, TLSFiles
     from tests.support_etcd import EtcdCluster, EtcdServer
     from tests.support_mysql import MariaDBServer
+    from tests.support_pgbouncer import PgBouncerServer
     from tests.support_postgres import PostgresServer
     from tests.support_redis_cluster import ClusterDeployment
     from tests.support_redlock import RedlockMasters
@@ -95,7 +104,7 @@ def pytest_asyncio_loop_factories(
     set of servers per worker. ``AIODLOCK_TEST_LOOP=asyncio`` (or ``uvloop``) keeps one.
     """
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-        "asyncio": asyncio.new_event_loop,
+        "asyncio": _asyncio_loop_that_reports_unclosed_transports(),
         "uvloop": _uvloop_that_reports_unclosed_transports(),
     }
     chosen = os.environ.get("AIODLOCK_TEST_LOOP", "")
@@ -106,6 +115,58 @@ def pytest_asyncio_loop_factories(
             f"AIODLOCK_TEST_LOOP must be asyncio or uvloop (or unset: both), not {chosen!r}"
         )
     return {chosen: factories[chosen]}
+
+
+@functools.cache  # asked once per test: one class for the run
+def _asyncio_loop_that_reports_unclosed_transports() -> Callable[[], asyncio.AbstractEventLoop]:
+    """The default loop, closing as ``asyncio.run`` would and reporting leaks as uvloop does.
+
+    A transport whose ``close()`` ran in the test's last loop step closes its socket only in
+    the next step (``connection_lost``), and a TLS one only once the peer answered its
+    close_notify: closed with the loop right then, the socket stays open until the garbage
+    collector reports it (``ResourceWarning``, unraisable) in whichever test happens to run
+    then -- maybe on another loop, minutes later. So ``close()`` first ends every such
+    transport and gives the loop the step that closes their sockets; and a transport nobody
+    closed at all is a leak, reported then: it fails the test that opened it (at teardown,
+    ``filterwarnings = error``), not a later one.
+    """
+
+    class Loop(asyncio.SelectorEventLoop):
+        def close(self) -> None:
+            leaked = []
+            if not self.is_closed() and not self.is_running():
+                # The selector loop's registry of its transports, by file descriptor; a
+                # transport's socket is gone (None) once its connection_lost has run.
+                registry = getattr(self, "_transports", {})
+                live = [t for t in list(registry.values()) if getattr(t, "_sock", None)]
+                leaked = [t for t in live if not _closing(t)]
+                for transport in live:
+                    transport.abort()
+                if live:
+                    self.run_until_complete(asyncio.sleep(0))  # their connection_lost
+            super().close()
+            for transport in leaked:
+                warnings.warn(
+                    f"unclosed transport {transport!r} when its event loop closed",
+                    ResourceWarning,
+                    stacklevel=2,
+                )
+
+    return Loop
+
+
+def _closing(transport: asyncio.BaseTransport) -> bool:
+    """Whether someone closed ``transport``, at its own layer or at the TLS layer above it.
+
+    ``close()`` on a TLS connection closes the TLS transport and sends close_notify; the
+    socket transport beneath stays open (``is_closing()`` false) until the peer answers, so
+    it is closed, not leaked, when its TLS transport is.
+    """
+    if transport.is_closing():
+        return True
+    protocol = transport.get_protocol()
+    tls = getattr(protocol, "_app_transport", None)  # asyncio.sslproto.SSLProtocol's
+    return isinstance(protocol, asyncio.sslproto.SSLProtocol) and (tls is None or tls.is_closing())
 
 
 @functools.cache  # asked once per test: one class for the run
@@ -346,3 +407,24 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
 
     with EtcdCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_transaction(postgres_server: PostgresServer) -> Iterator[PgBouncerServer]:
+    """PgBouncer in transaction pooling mode in front of the session's PostgreSQL."""
+    from tests.support_pgbouncer import PgBouncerServer
+
+    with PgBouncerServer(postgres_server, pool_mode="transaction") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session(postgres_server: PostgresServer) -> Iterator[PgBouncerServer]:
+    """PgBouncer in session pooling mode in front of the session's PostgreSQL, with a server
+    session for each client PgBouncer admits (``max_client_conn``, 100): with a smaller pool,
+    a connection beyond it waits in PgBouncer's queue until another client leaves, and a lock
+    wait that needs a new connection times out there (the suite's contention tests did, at 5)."""
+    from tests.support_pgbouncer import PgBouncerServer
+
+    with PgBouncerServer(postgres_server, pool_mode="session", default_pool_size=100) as server:
+        yield server

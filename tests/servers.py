@@ -175,13 +175,30 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def _process_state(pid: int) -> str | None:
-    """The one-letter state in ``/proc/<pid>/stat`` ("T" when stopped), or None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[0]
+def _family(pid: int) -> list[tuple[int, str]]:
+    """``(pid, state)`` of ``pid``, every process descended from it, and every process of the
+    group it leads, from ``/proc`` (state ``"T"``: stopped)."""
+    parents: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    states: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()  # after the name: state, ppid, pgrp
+        member = int(entry.name)
+        states[member], parents[member], groups[member] = fields[0], int(fields[1]), int(fields[2])
+    family = {pid} if pid in states else set()
+    family |= {member for member, group in groups.items() if group == pid}
+    grown = True
+    while grown:
+        children = {member for member, parent in parents.items() if parent in family}
+        grown = not children <= family
+        family |= children
+    return sorted((member, states[member]) for member in family)
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -402,8 +419,8 @@ class ServerProcess(ABC):
         proc = self._reaper.proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                if self._paused:
-                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+                if self._paused:  # a stopped process cannot act on SIGTERM (nor its children)
+                    self._signal_family(proc.pid, signal.SIGCONT, stopped=False)
                 os.kill(proc.pid, self.stop_signal)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(self.stop_timeout)
@@ -423,30 +440,48 @@ class ServerProcess(ABC):
         return self.start()
 
     def pause(self) -> Self:
-        """SIGSTOP the server process; returns once the kernel reports it stopped."""
+        """SIGSTOP the server and every process it forked; returns once the kernel reports
+        each of them stopped.
+
+        Every process, not the one: PostgreSQL forks a backend per connection, and a stopped
+        postmaster alone leaves every connected session answering. Its backends leave the
+        server's process group (each calls ``setsid``), so they are found as descendants in
+        ``/proc``; the group is taken too, for children that were orphaned. The server is
+        stopped first, so it forks nothing new while the rest are found.
+        """
         pid = self.pid
         os.kill(pid, signal.SIGSTOP)
         self._paused = True
-        self._wait_state(pid, stopped=True)
+        self._signal_family(pid, signal.SIGSTOP, stopped=True)
         return self
 
     def resume(self) -> Self:
-        """SIGCONT the server process; returns once it runs again."""
+        """SIGCONT the server and every process it forked; returns once each of them runs."""
         pid = self.pid
-        os.kill(pid, signal.SIGCONT)
         self._paused = False
-        self._wait_state(pid, stopped=False)
+        self._signal_family(pid, signal.SIGCONT, stopped=False)
         return self
 
     @staticmethod
-    def _wait_state(pid: int, *, stopped: bool) -> None:
+    def _signal_family(pid: int, sig: signal.Signals, *, stopped: bool) -> None:
+        """Send ``sig`` to ``pid`` and its family (:func:`_family`) until every member is
+        stopped (or running): the kernel delivers it to each process on its own schedule."""
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            state = _process_state(pid)
-            if state is None or (state in ("T", "t")) == stopped:
+        signalled: set[int] = set()
+        while True:
+            late = [p for p, state in _family(pid) if (state in ("T", "t")) != stopped]
+            if not late:
                 return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"server {pid}: {late} did not {'stop' if stopped else 'continue'} in 5s"
+                )
+            for member in late:
+                if member not in signalled:
+                    signalled.add(member)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(member, sig)
             time.sleep(0.001)
-        raise RuntimeError(f"pid {pid} did not {'stop' if stopped else 'continue'} in 5s")
 
     def close(self) -> None:
         """Stop the server and remove its directory. The object cannot be started again."""

@@ -159,7 +159,6 @@ class MariaDBServer(ServerProcess):
             # Durable against a mariadbd crash or restart (the OS keeps the log); only an OS
             # crash could lose the last second. The fencing table relies on the former.
             "--innodb-flush-log-at-trx-commit=2",
-            "--max-connections=2000",
             *self.tls_args(),
             *self.args,
         ]

@@ -40,11 +40,20 @@ from tests.servers import INSTALL_HINT, ServerProcess, TLSFiles
 if TYPE_CHECKING:
     import aiodlock
 
-__all__ = ["PostgresProbe", "PostgresServer", "advisory_key", "fence_key", "postgres_bin_dir"]
+__all__ = [
+    "UNPRIVILEGED",
+    "PostgresProbe",
+    "PostgresServer",
+    "advisory_key",
+    "as_unprivileged",
+    "fence_key",
+    "pg_isready",
+    "postgres_bin_dir",
+]
 
 SETTLE_SECONDS: Final = 3.0
 """How long :meth:`PostgresProbe.leftovers` lets the server finish tearing down sessions."""
-_UNPRIVILEGED: Final = "nobody"
+UNPRIVILEGED: Final = "nobody"
 _DROP_PRIVILEGES: Final = """
 import ctypes, os, sys
 uid, gid, parent, die_with_parent = map(int, sys.argv[1:5])
@@ -57,6 +66,36 @@ if die_with_parent:
         os._exit(1)
 os.execv(sys.argv[5], sys.argv[5:])
 """
+
+
+def as_unprivileged() -> list[str]:
+    """The argv prefix that runs a command as the unprivileged user when we are root (the
+    servers refuse root; see :meth:`PostgresServer._as_owner`), else nothing."""
+    if os.geteuid() != 0:
+        return []
+    entry = pwd.getpwnam(UNPRIVILEGED)
+    main = threading.current_thread() is threading.main_thread()
+    return [
+        sys.executable,
+        "-c",
+        _DROP_PRIVILEGES,
+        str(entry.pw_uid),
+        str(entry.pw_gid),
+        str(os.getpid()),
+        "1" if main else "0",
+    ]
+
+
+def pg_isready(host: str, port: int, *extra: str) -> bool:
+    """Whether a server (or PgBouncer) on ``host:port`` answers a start-up packet."""
+    command = [str(postgres_bin_dir() / "pg_isready"), "-q", "-h", host, "-p", str(port), *extra]
+    try:
+        result = subprocess.run(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
 
 
 def postgres_bin_dir() -> Path:
@@ -132,28 +171,16 @@ class PostgresServer(ServerProcess):
         --pdeathsig`` sets it too early) — from the main thread only, as that hook does: the
         signal follows the forking *thread*, and a worker thread may end first.
         """
-        if os.geteuid() != 0:
-            return []
-        entry = pwd.getpwnam(_UNPRIVILEGED)
-        main = threading.current_thread() is threading.main_thread()
-        return [
-            sys.executable,
-            "-c",
-            _DROP_PRIVILEGES,
-            str(entry.pw_uid),
-            str(entry.pw_gid),
-            str(os.getpid()),
-            "1" if main else "0",
-        ]
+        return as_unprivileged()
 
     def prepare(self) -> None:
         if os.geteuid() == 0:
-            entry = pwd.getpwnam(_UNPRIVILEGED)
+            entry = pwd.getpwnam(UNPRIVILEGED)
             os.chown(self.directory, entry.pw_uid, entry.pw_gid)
         password_file = self.directory / "superuser.pw"
         password_file.write_text("unused-superuser-password\n")
         if os.geteuid() == 0:
-            os.chown(password_file, pwd.getpwnam(_UNPRIVILEGED).pw_uid, -1)
+            os.chown(password_file, pwd.getpwnam(UNPRIVILEGED).pw_uid, -1)
         env = {**os.environ, "LC_ALL": "C"}
         result = subprocess.run(
             [
@@ -211,7 +238,7 @@ class PostgresServer(ServerProcess):
             shutil.copyfile(source, target)
             target.chmod(0o600)
             if os.geteuid() == 0:
-                entry = pwd.getpwnam(_UNPRIVILEGED)
+                entry = pwd.getpwnam(UNPRIVILEGED)
                 os.chown(target, entry.pw_uid, entry.pw_gid)
         self.settings = {
             "ssl": "on",
@@ -226,7 +253,6 @@ class PostgresServer(ServerProcess):
             "listen_addresses": self.host,
             "port": str(self.port),
             "unix_socket_directories": str(self.directory),
-            "max_connections": "1200",
             "shared_buffers": "16MB",
             "fsync": "off",  # a throw-away cluster: a server crash keeps the OS cache anyway
             "synchronous_commit": "off",
@@ -243,17 +269,7 @@ class PostgresServer(ServerProcess):
         ]
 
     def probe(self) -> bool:
-        try:
-            result = subprocess.run(
-                [str(self._bin / "pg_isready"), "-q", "-h", self.host, "-p", str(self.port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=5,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return result.returncode == 0
+        return pg_isready(self.host, self.port)
 
 
 # ---------------------------------------------------------------------- advisory keys

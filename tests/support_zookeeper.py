@@ -9,19 +9,22 @@ its class path) run as ``java ... QuorumPeerMain zoo.cfg`` directly — more con
 ``zkServer.sh``: one process per server in its own directory, on free loopback ports, with a
 200 ms tick (sessions of 0.4 s and up), no fsync, a 0.5 s container reaper and 256 MB of heap
 at most. :class:`ZooKeeperEnsemble` runs three of them as a quorum and finds the leader
-through the ``srvr`` four-letter word.
+through the ``srvr`` four-letter word. :class:`ZooKeeperTLSServer` adds a secure client port
+(Netty, PEM key material made at test time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
+import ssl
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from tests.servers import INSTALL_HINT, ServerProcess, free_port
+from tests.servers import INSTALL_HINT, ServerProcess, TLSFiles, free_port
 
 if TYPE_CHECKING:
     import aiodlock
@@ -30,18 +33,31 @@ __all__ = [
     "ZooKeeperEnsemble",
     "ZooKeeperProbe",
     "ZooKeeperServer",
+    "ZooKeeperTLSServer",
     "four_letter_word",
 ]
 
 ZOOKEEPER_JAR: Final = Path("/usr/share/java/zookeeper.jar")
 SLF4J_SIMPLE_JAR: Final = Path("/usr/share/java/slf4j-simple.jar")
+NETTY_CODEC_JAR: Final = Path("/usr/share/java/netty-codec.jar")  # TLS (ZooKeeperTLSServer)
 TICK_MS: Final = 200
 
 
-def four_letter_word(host: str, port: int, word: str, *, timeout: float = 0.5) -> str | None:
-    """Send a ZooKeeper four-letter word; the whole answer, or None if none came."""
+def four_letter_word(
+    host: str,
+    port: int,
+    word: str,
+    *,
+    timeout: float = 0.5,
+    tls: ssl.SSLContext | None = None,
+) -> str | None:
+    """Send a ZooKeeper four-letter word (over TLS with ``tls``); the whole answer, or None if
+    none came."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+            if tls is not None:
+                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
             sock.sendall(word.encode())
             chunks = []
             while True:
@@ -148,6 +164,105 @@ class ZooKeeperServer(ServerProcess):
         return self.mode() is not None
 
 
+class ZooKeeperTLSServer(ZooKeeperServer):
+    """A standalone :class:`ZooKeeperServer` that also serves TLS on :attr:`secure_port`.
+
+    ZooKeeper's ``secureClientPort`` with the Netty connection factory, its key and trust
+    stores read as PEM (``ssl.keyStore.type=PEM``). ``client_auth`` is ``ssl.clientAuth``:
+    ``"need"`` (a certificate signed by ``files.ca`` is required of every TLS client) or
+    ``"none"``. The plain :attr:`port` stays open: the harness probes it, and a test can
+    show that a client speaking in the clear to the secure port is refused.
+
+    Usage::
+
+        with ZooKeeperTLSServer(files) as zk:
+            url = f"{zk.tls_url}?tls_ca={files.ca}&tls_cert={files.client}"
+    """
+
+    def __init__(self, files: TLSFiles, *, client_auth: str = "need") -> None:
+        super().__init__()
+        self.files = files
+        self.client_auth = client_auth
+        self.secure_port = free_port()
+
+    @property
+    def tls_url(self) -> str:
+        """``zookeeper://127.0.0.1:<secure port>`` (TLS options still to be added)."""
+        return f"zookeeper://{self.host}:{self.secure_port}"
+
+    def prepare(self) -> None:
+        super().prepare()
+        from cryptography.hazmat.primitives import serialization
+
+        # ZooKeeper's PEM reader takes a PKCS#8 key ("BEGIN PRIVATE KEY") and the certificate
+        # in one file; trustme writes the key in OpenSSL's traditional form.
+        key = serialization.load_pem_private_key(self.files.server_key.read_bytes(), None)
+        keystore = self.directory / "keystore.pem"
+        keystore.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            + self.files.server_cert.read_bytes()
+        )
+        lines = [
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"secureClientPort={self.secure_port}",
+            f"secureClientPortAddress={self.host}",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.files.ca}",
+            "ssl.trustStore.type=PEM",
+            f"ssl.clientAuth={self.client_auth}",
+            # Checks a client certificate (need/want); not registered by default, and without
+            # it the server closes every TLS connection ("X509 Auth provider not found").
+            "authProvider.x509=org.apache.zookeeper.server.auth.X509AuthenticationProvider",
+            # The client certificate names no host: the server checks its signature only.
+            "ssl.hostnameVerification=false",
+        ]
+        with self.config_file.open("a") as config:
+            config.write("\n".join(lines) + "\n")
+
+    def command(self) -> list[str]:
+        # Called before each attempt to start: when a port was taken meanwhile (the base
+        # class then retries on a new plain port), zoo.cfg is brought up to date, with a new
+        # secure port if that one is taken.
+        if not _bindable(self.host, self.secure_port):
+            self.secure_port = free_port()
+        config = self.config_file.read_text()
+        for key, port in (("clientPort", self.port), ("secureClientPort", self.secure_port)):
+            config = re.sub(rf"(?m)^{key}=\d+$", f"{key}={port}", config)
+        self.config_file.write_text(config)
+        # Debian's zookeeper.jar lists the Netty jars it needs in its manifest but one: the
+        # codec, which the Netty connection factory's channel handler needs.
+        command = super().command()
+        at = command.index("-cp") + 1
+        command[at] += f":{NETTY_CODEC_JAR}"
+        return command
+
+    def client_context(self) -> ssl.SSLContext:
+        """A context that trusts the CA and presents the client certificate."""
+        context = ssl.create_default_context(cafile=str(self.files.ca))
+        context.load_cert_chain(str(self.files.client))
+        return context
+
+    def probe(self) -> bool:
+        # The plain port may serve before the secure one listens.
+        tls = self.client_context()
+        answer = four_letter_word(self.host, self.secure_port, "srvr", tls=tls)
+        return super().probe() and answer is not None and "Mode: " in answer
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class ZooKeeperEnsemble:
     """Three ZooKeeper servers in one quorum, on free loopback ports."""
 
@@ -212,21 +327,47 @@ class ZooKeeperEnsemble:
 
 
 class ZooKeeperProbe:
-    """Looks at the tree with its own plain aiozk client (never through aiodlock)."""
+    """Looks at the tree with its own plain aiozk client (never through aiodlock).
 
-    def __init__(self, hosts: str, root: str) -> None:
+    ``auth=(user, password)`` authenticates it with ZooKeeper's digest scheme (once, after
+    connecting: the probe is not meant to survive a reconnection with its identity).
+    """
+
+    def __init__(self, hosts: str, root: str, *, auth: tuple[str, str] | None = None) -> None:
         from aiozk import ZKClient
 
         self.hosts = hosts
         self.root = root
+        self.auth = auth
         self.client = ZKClient(hosts, session_timeout=10)
         self._started = False
 
     async def start(self) -> ZooKeeperProbe:
+        from aiozk import protocol
+
         async with asyncio.timeout(10):
             await self.client.start()
-        self._started = True
+            self._started = True
+            if self.auth is not None:
+                user, password = self.auth
+                request = protocol.AuthRequest(
+                    type=0, scheme="digest", auth=f"{user}:{password}".encode()
+                )
+                await self.client.session.conn.send(request)
         return self
+
+    async def get_acl(self, path: str) -> list[str]:
+        """The ACL of ``path`` as ``scheme:id:perms`` strings (perms as ZooKeeper's letters
+        ``cdrwa``), as the server shows it to this probe's identity."""
+        from aiozk import protocol
+
+        response = await self.client.send(protocol.GetACLRequest(path=path))
+        letters = {"c": 4, "d": 8, "r": 1, "w": 2, "a": 16}  # zkCli's order: cdrwa
+        return [
+            f"{a.id.scheme}:{a.id.id}:"
+            + "".join(letter for letter, bit in letters.items() if a.perms & bit)
+            for a in response.acl
+        ]
 
     async def stat(self, path: str) -> Any | None:
         from aiozk import exc as zk_exc

@@ -32,6 +32,27 @@ def test_all_is_sorted_and_complete() -> None:
         assert getattr(obj, "__module__", "aiodlock") == "aiodlock", name
 
 
+def test_the_inspect_types_are_public_and_shared_with_the_backend_surface() -> None:
+    # What inspect() returns is named where users look; a backend gets the very same types.
+    import aiodlock.backends
+
+    for name in ("LockInfo", "HolderInfo", "Kind", "Capability"):
+        assert getattr(aiodlock, name) is getattr(aiodlock.backends, name), name
+    assert aiodlock.Kind("mutex") is aiodlock.Kind.MUTEX
+
+
+def test_name_template_fills_fields_and_refuses_a_missing_one() -> None:
+    # The integrations and @exclusive name their locks with it, through the public path.
+    template = aiodlock.NameTemplate("order:{order_id}")
+    assert template.fields == frozenset({"order_id"})
+    assert template.format({"order_id": 42}) == "order:42"
+    assert template.missing(set()) == ["order_id"]
+    with pytest.raises(KeyError, match=r"have no value for \{order_id\}"):
+        template.format({})
+    with pytest.raises(ValueError, match="not a plain name"):
+        aiodlock.NameTemplate("order:{0}")
+
+
 def test_exception_tree() -> None:
     assert issubclass(aiodlock.LockTimeoutError, TimeoutError)
     # A mismatched semaphore limit is a programming error: catchable as one, never a
@@ -223,6 +244,28 @@ def test_duration_types(value: object) -> None:
 def test_bad_namespace(namespace: str) -> None:
     with pytest.raises(ValueError, match="namespace"):
         aiodlock.connect(namespace=namespace)
+
+
+@pytest.mark.parametrize(
+    ("identity", "error", "message"),
+    [
+        (42, TypeError, "identity must be a str, not int"),
+        ("", ValueError, "identity must have 1 to 128 characters, not 0"),
+        ("x" * 129, ValueError, "identity must have 1 to 128 characters, not 129"),
+        ("web\n1", ValueError, "identity must be printable text"),
+    ],
+)
+def test_bad_identity(identity: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        aiodlock.connect(identity=identity)
+
+
+def test_identity_defaults_to_host_and_pid_and_comes_from_the_url_too() -> None:
+    import socket
+
+    assert aiodlock.connect().identity == f"{socket.gethostname()}:{os.getpid()}"
+    assert aiodlock.connect("memory://?identity=cron%20job").identity == "cron job"
+    assert aiodlock.connect("memory://?identity=a", identity="b").identity == "b"
 
 
 async def test_bad_names_and_limits() -> None:

@@ -14,13 +14,16 @@ import pty
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
 import aiodlock
+from tests.helpers import reading_stdin, wait_until
 from tests.servers import free_port
 
 if TYPE_CHECKING:
@@ -96,12 +99,15 @@ async def check_inspect(url: str, *, kinds: bool) -> None:
         result = await aiodlock_cli("inspect", url, "--namespace", ns)
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
-        assert lines[0].split() == ["NAME", "KIND", "TOKEN", "WAITERS", "HOLDER", "LEASE"]
+        assert lines[0].split() == [
+            "NAME", "KIND", "TOKEN", "WAITERS", "HOLDER", "LEASE", "IDENTITY"
+        ]  # fmt: skip
         rows = {line.split()[0]: line.split() for line in lines[1:]}
         assert set(rows) == set(held)
         for name, lease in held.items():
             assert rows[name][2] == str(lease.fencing_token)
             assert rows[name][4] == lease.owner
+            assert rows[name][6] == locks.identity  # host:pid: no spaces
         assert rows["order:42"][1] == "mutex"
 
         result = await aiodlock_cli("inspect", url, "--json", "-n", ns, "order:*")
@@ -110,7 +116,10 @@ async def check_inspect(url: str, *, kinds: bool) -> None:
         assert info["name"] == "order:42"
         assert info["kind"] == "mutex"
         assert info["fencing_token"] == mutex.fencing_token
-        assert [h["owner"] for h in info["holders"]] == [mutex.owner]
+        assert info["namespace"] == ns
+        assert [(h["owner"], h["identity"]) for h in info["holders"]] == [
+            (mutex.owner, locks.identity)
+        ]
         expires_in = info["holders"][0]["expires_in"]
         assert expires_in is None or 0 < expires_in <= 30
         for lease in held.values():
@@ -119,7 +128,47 @@ async def check_inspect(url: str, *, kinds: bool) -> None:
     result = await aiodlock_cli("inspect", url, "-n", ns, "--json")
     assert (result.returncode, json.loads(result.stdout)) == (0, [])
     result = await aiodlock_cli("inspect", url, "-n", ns)
-    assert result.stdout == f"no locks held in namespace {ns!r} matching '*'\n"
+    assert result.stdout.startswith(f"no locks held in namespace {ns!r} matching '*'\n")
+
+
+@pytest.mark.redis
+async def test_inspect_all_namespaces_shows_each_with_its_holders_identity(
+    redis_url: str,
+) -> None:
+    """``--all-namespaces`` finds the locks of every namespace (a NAMESPACE column, and
+    ``namespace`` in JSON); an empty namespace's answer names the ones in use."""
+    shop, jobs = namespace(), namespace()
+    async with (
+        aiodlock.connect(redis_url, namespace=shop, identity="web 1") as web,
+        aiodlock.connect(redis_url, namespace=jobs, identity="cron/nightly") as cron,
+        web.lock("order:42", ttl=30) as order,
+        cron.semaphore("report", limit=2) as report,
+    ):
+        result = await aiodlock_cli("inspect", redis_url, "--all-namespaces", "--json")
+        assert result.returncode == 0, result.stderr
+        mine = {
+            (i["namespace"], i["name"]): [(h["owner"], h["identity"]) for h in i["holders"]]
+            for i in json.loads(result.stdout)
+            if i["namespace"] in (shop, jobs)
+        }
+        assert mine == {
+            (shop, "order:42"): [(order.owner, "web 1")],
+            (jobs, "report"): [(report.owner, "cron/nightly")],
+        }
+        result = await aiodlock_cli("inspect", redis_url, "-A", "order:*")
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0].split()[:2] == ["NAMESPACE", "NAME"]
+        assert [line.split()[:2] for line in lines[1:] if line.startswith(shop)] == [
+            [shop, "order:42"]
+        ]
+        assert not any(line.startswith(jobs) for line in lines)  # "report" is not order:*
+        result = await aiodlock_cli("inspect", redis_url, "-n", namespace())
+        assert result.returncode == 0, result.stderr
+        assert "\nnamespaces in use: " in result.stdout  # shop's at least, among the first 10
+    result = await aiodlock_cli("inspect", redis_url, "-A", "-n", shop)
+    assert result.returncode == 2
+    assert "--all-namespaces and --namespace exclude each other" in result.stderr
 
 
 @pytest.mark.redis
@@ -283,7 +332,7 @@ class _NoOperators:
     options: ClassVar[dict[str, type]] = {}
     queues_on_busy = False
 
-    async def open(self) -> None:
+    async def open(self, tasks: object) -> None:
         pass
 
     async def aclose(self) -> None:
@@ -308,7 +357,23 @@ async def test_inspect_and_break_lock_check_their_arguments_and_the_backend() ->
             await locks.inspect(b"*")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="name must not be empty"):
             await locks.break_lock("")
+        with pytest.raises(TypeError, match=r"kind must be an aiodlock\.Kind or a str, not int"):
+            await locks.break_lock("x", kind=1)  # type: ignore[arg-type]
         assert await locks.break_lock("nobody-holds-this") == 0
+        # The enum or its value: the kind an inspect() reports is taken as it is.
+        builders: dict[aiodlock.Kind, Callable[[], aiodlock.BaseLock]] = {
+            aiodlock.Kind.MUTEX: lambda: locks.lock("held", ttl=1),
+            aiodlock.Kind.READ: lambda: locks.read_lock("held", ttl=1),
+            aiodlock.Kind.WRITE: lambda: locks.write_lock("held", ttl=1),
+            aiodlock.Kind.SEMAPHORE: lambda: locks.semaphore("held", limit=1, ttl=1),
+        }
+        for kind, build in builders.items():
+            lease = await build().acquire()
+            (info,) = await locks.inspect("held")
+            assert info.kind is kind
+            assert await locks.break_lock("held", kind=info.kind) == 1
+            await asyncio.wait_for(lease.lost.wait(), 5)  # at its next renewal (ttl/3)
+            assert await locks.break_lock("held", kind=kind.value) == 0
     bare = aiodlock.LockClient(
         _NoOperators(),  # type: ignore[arg-type]
         namespace="ns",
@@ -321,6 +386,10 @@ async def test_inspect_and_break_lock_check_their_arguments_and_the_backend() ->
             await bare.inspect()
         with pytest.raises(aiodlock.UnsupportedError, match="noops:// cannot break locks"):
             await bare.break_lock("x")
+        with pytest.raises(aiodlock.UnsupportedError, match="cannot list its namespaces"):
+            await bare.namespaces()
+        with pytest.raises(ValueError, match="namespace"):
+            await bare.inspect(namespace="a:b")
 
 
 @pytest.mark.redis
@@ -352,6 +421,9 @@ async def test_ctrl_c_at_the_question_is_a_no_without_a_traceback(redis_url: str
             async with asyncio.timeout(TIMEOUT):
                 asked = await process.stderr.readuntil(b"[y/N] ")
                 assert b"Break mutex 'kept'" in asked
+                # As a person would: once it waits for the answer (a signal that comes
+                # before the read starts is held until the read returns, i.e. never).
+                await wait_until(partial(reading_stdin, process.pid), timeout=TIMEOUT)
                 process.send_signal(signal.SIGINT)
                 out, err = await process.communicate()
             assert process.returncode == 1

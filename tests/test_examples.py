@@ -3,8 +3,9 @@
 Every example runs as a subprocess of ``sys.executable`` (with ``-W error``), the way a user
 runs it, on ``memory://`` and on a throwaway Redis (the ``redis_url`` fixture). The FastAPI app
 is also driven in-process through ``httpx.ASGITransport``, lifespan included. Every
-``python`` block of README.md that starts with an ``import`` line is a complete program and is
-run too, so the README cannot rot.
+``python`` block of README.md and of the documentation pages carved from it (quick start,
+tutorial, semantics...) that starts with an ``import`` line is a complete program and is run
+too, so neither the README nor the site can rot.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from tests.servers import free_port
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 README = ROOT / "README.md"
+# The README keeps one example; the rest of its snippets live in these pages of the site.
+SITE_PAGES = ("quickstart", "tutorial", "helpers", "semantics", "backends", "development")
+SNIPPET_PAGES = (README, *(ROOT / "docs" / f"{page}.md" for page in SITE_PAGES))
 TIMEOUT = 90.0
 
 
@@ -475,51 +479,61 @@ async def test_fastapi_app_answers_503_while_redis_is_down(
             assert (await client.post("/orders/5/items")).status_code == 200
 
 
-# ---------------------------------------------------------------------- README.md
+# ---------------------------------------------------------------------- README.md and the site
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # the file's name: README.md, tutorial.md...
     line: int
     language: str
     code: str
 
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
-    return [
-        Block(text.count("\n", 0, match.start()) + 1, match["language"], match["code"])
+
+def snippet_blocks() -> list[Block]:
+    blocks = []
+    for path in SNIPPET_PAGES:
+        text = path.read_text(encoding="utf-8")
         for match in re.finditer(
             r"^```(?P<language>\w*)\n(?P<code>.*?)^```$", text, re.MULTILINE | re.DOTALL
-        )
-    ]
+        ):
+            line = text.count("\n", 0, match.start()) + 1
+            blocks.append(Block(path.name, line, match["language"], match["code"]))
+    return blocks
 
 
-RUNNABLE = [b for b in readme_blocks() if b.language == "python" and b.code.startswith("import ")]
+RUNNABLE = [b for b in snippet_blocks() if b.language == "python" and b.code.startswith("import ")]
 
 
 @pytest.mark.memory
-def test_readme_has_runnable_snippets() -> None:
-    python_blocks = [b for b in readme_blocks() if b.language == "python"]
+def test_readme_and_site_have_runnable_snippets() -> None:
+    python_blocks = [b for b in snippet_blocks() if b.language == "python"]
     assert len(RUNNABLE) >= 5
+    assert any(b.page == "README.md" for b in RUNNABLE)  # the README's one example runs too
     fragments = [b for b in python_blocks if b not in RUNNABLE]
     for block in fragments:  # a fragment must say so
-        assert block.code.startswith("# fragment"), f"README.md line {block.line}"
+        assert block.code.startswith("# fragment"), block.where
 
 
 @pytest.mark.memory
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
-def test_readme_snippet_runs(block: Block, tmp_path: Path) -> None:
-    script = tmp_path / f"readme_line_{block.line}.py"
+@pytest.mark.parametrize(
+    "block", RUNNABLE, ids=[f"{b.page.removesuffix('.md')}-line{b.line}" for b in RUNNABLE]
+)
+def test_snippet_runs(block: Block, tmp_path: Path) -> None:
+    script = tmp_path / f"{block.page.removesuffix('.md')}_line_{block.line}.py"
     script.write_text(block.code, encoding="utf-8")
     succeeded(run(str(script)))
 
 
 @pytest.mark.memory
-async def test_readme_fastapi_snippet_counts_exactly() -> None:
+async def test_fastapi_snippet_counts_exactly() -> None:
     (block,) = [b for b in RUNNABLE if "FastAPI(" in b.code]
     namespace: dict[str, Any] = {"__name__": "readme_fastapi"}
-    exec(compile(block.code, f"README.md:{block.line}", "exec"), namespace)
+    exec(compile(block.code, f"{block.page}:{block.line}", "exec"), namespace)
     app = namespace["app"]
     transport = httpx.ASGITransport(app=app)
     async with (

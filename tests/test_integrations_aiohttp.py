@@ -4,6 +4,7 @@ listening on a loopback TCP port (``aiohttp.test_utils.TestServer``), against a 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,13 +15,20 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import aiodlock
-from aiodlock.integrations.aiohttp import LOCKS, hold, setup
+from aiodlock.integrations.aiohttp import LOCKS, default_detail, hold, setup
 from aiodlock.testing.conformance import SLACK_TTL
 
 pytestmark = pytest.mark.redis
 
 COUNTER = web.AppKey("counter", dict)
 SLOW = web.AppKey("slow", dict)
+
+
+def own_words(exc: aiodlock.LockError) -> str:
+    """A ``detail=`` hook: its own words for a busy report, the default for the rest."""
+    if isinstance(exc, aiodlock.LockTimeoutError):
+        return "this report is being built; try again"
+    return "lock trouble: " + default_detail(exc)
 
 
 def make_app(url: str, namespace: str) -> web.Application:
@@ -42,6 +50,10 @@ def make_app(url: str, namespace: str) -> web.Application:
     async def report(request: web.Request, lease: aiodlock.Lease) -> web.Response:
         return web.json_response({"name": lease.name})
 
+    @hold("report:{day}", timeout=0.2, retry_after=7, detail=own_words)
+    async def worded(request: web.Request, lease: aiodlock.Lease) -> web.Response:
+        return web.json_response({"name": lease.name})
+
     # Outlives a late renewal: it is lost to the operator's delete, not to the machine's load.
     @hold("slow:{key}", ttl=SLACK_TTL, timeout=1)
     async def slow(request: web.Request, lease: aiodlock.Lease) -> web.Response:
@@ -58,6 +70,7 @@ def make_app(url: str, namespace: str) -> web.Application:
 
     app.router.add_post("/counters/{name}", increment)
     app.router.add_post("/reports/{day}", report)
+    app.router.add_post("/worded/{day}", worded)
     app.router.add_post("/slow/{key}", slow)
     app.router.add_get("/shelves/{shelf}", shelf)
     return app
@@ -114,10 +127,39 @@ async def test_busy_past_timeout_is_423_with_retry_after(redis_url: str) -> None
             busy = await client.post("/reports/monday")
             assert busy.status == 423
             assert busy.headers["Retry-After"] == "7"
-            assert "locked" in (await busy.json())["detail"]
+            assert await busy.json() == {"detail": "locked"}
+            worded = await client.post("/worded/monday")
+            assert worded.status == 423
+            assert worded.headers["Retry-After"] == "7"
+            assert await worded.json() == {"detail": "this report is being built; try again"}
         assert (await client.post("/reports/monday")).status == 200
         async with other.write_lock("shelf:s"):
             assert (await client.get("/shelves/s")).status == 423
+
+
+async def test_a_stopped_lock_service_answers_within_the_handlers_timeout() -> None:
+    """The server stops answering (SIGSTOP): eight requests at once on a handler with
+    ``timeout=0.2`` each answer 423 or 503 within 0.2 s + 100 ms (+ a loaded machine's
+    slack), though they share the app's connections."""
+    from tests.servers import RedisServer
+
+    with RedisServer() as redis:
+        async with served(make_app(redis.url, namespace())) as client:
+            assert (await client.post("/reports/monday")).status == 200
+            loop = asyncio.get_running_loop()
+
+            async def timed(day: int) -> tuple[float, int]:
+                started = loop.time()
+                answer = await client.post(f"/reports/{day}")
+                return loop.time() - started, answer.status
+
+            redis.pause()
+            try:
+                answers = await asyncio.gather(*(timed(day) for day in range(8)))
+            finally:
+                redis.resume()
+    assert all(status in (423, 503) for _, status in answers), answers
+    assert max(took for took, _ in answers) <= 0.2 + 0.1 + 0.15, answers
 
 
 async def test_lost_lease_cancels_the_handler_and_answers_503(redis_url: str) -> None:
@@ -132,9 +174,41 @@ async def test_lost_lease_cancels_the_handler_and_answers_503(redis_url: str) ->
         answer = await request
         assert answer.status == 503
         assert answer.headers["Retry-After"] == "1"
-        assert "lock lost" in (await answer.json())["detail"]
+        assert await answer.json() == {"detail": "lock lost while handling the request"}
         assert app[SLOW]["finished"] is False
         assert app[SLOW]["lease"].lost.is_set()
+
+
+async def test_lock_service_down_is_503_telling_the_log_not_the_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The body is the generic words: no URL, no driver error; those are one WARNING line."""
+    from tests.servers import RedisServer
+
+    with RedisServer() as redis, caplog.at_level(logging.INFO, "aiodlock.integrations"):
+        app = web.Application()
+        setup(app, redis.url, namespace=namespace(), connect_timeout=0.5)
+
+        @hold("report:{day}", timeout=0.2, detail=own_words)
+        async def worded(request: web.Request, lease: aiodlock.Lease) -> web.Response:
+            return web.json_response({"name": lease.name})
+
+        app.router.add_post("/worded/{day}", worded)
+        async with served(app) as client:
+            assert (await client.post("/worded/monday")).status == 200
+            redis.stop()
+            answer = await client.post("/worded/monday")
+            assert answer.status == 503
+            assert answer.headers["Retry-After"] == "1"
+            assert await answer.json() == {"detail": "lock trouble: lock service unavailable"}
+            redis.start()
+    records = [r for r in caplog.records if r.name == "aiodlock.integrations"]
+    assert [r.levelno for r in records] == [logging.WARNING], records
+    assert records[0].exc_info is None
+    message = records[0].getMessage()
+    assert "\n" not in message
+    assert message.startswith("POST /worded/monday: 503 (lock trouble: lock service unavailable)")
+    assert f"127.0.0.1:{redis.port}" in message  # the service's own error
 
 
 async def test_a_template_field_missing_from_the_path_fails_at_startup(redis_url: str) -> None:
@@ -157,3 +231,41 @@ async def test_bad_setup_arguments_fail_at_once(redis_url: str) -> None:
     with pytest.raises(TypeError, match="unknown option 'nmespace'"):
         setup(app, redis_url, **options)
     assert list(app.cleanup_ctx) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"timeout": -1, "ttl": 0}, ValueError, "ttl must be > 0, not 0.0"),
+        ({"timeout": -1}, ValueError, "timeout must be >= 0, not -1.0"),
+        ({"max_hold": "1"}, TypeError, "max_hold must be a number of seconds, not str"),
+        ({"tiemout": 5}, TypeError, "LockClient.lock() got an unexpected keyword argument"),
+        ({"kind": "read", "fair": True}, TypeError, "LockClient.read_lock() got an unexpected"),
+        ({"kind": "semaphore", "limit": 0}, ValueError, "limit must be >= 1, not 0"),
+        ({"detail": "busy"}, TypeError, "detail must be a function"),
+    ],
+)
+def test_bad_lock_options_fail_at_declaration(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        hold("order:{order_id}", **options)
+    assert str(raised.value).startswith(message)
+
+
+async def test_a_lock_the_backend_cannot_provide_fails_at_startup(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``fair=True`` on Redlock (no FIFO handoff): refused when the app starts, naming the
+    route, not a 500 on every request."""
+    app = web.Application()
+    setup(app, str(request.getfixturevalue("redlock_masters").url))
+
+    @hold("order:{order_id}", fair=True)
+    async def handler(request: web.Request, lease: aiodlock.Lease) -> web.Response:
+        return web.Response()
+
+    app.router.add_post("/orders/{order_id}", handler)
+    with pytest.raises(aiodlock.UnsupportedError, match=r"on route '/orders/\{order_id\}'.*fair"):
+        async with TestServer(app, host="127.0.0.1"):
+            pass

@@ -7,6 +7,7 @@ and under a real uvicorn with two worker processes against a real Redis.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -16,11 +17,11 @@ from typing import Annotated, Any, TypeVar
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 import aiodlock
 from aiodlock.backends import Kind, LockSpec
-from aiodlock.integrations.fastapi import hold, lifespan
+from aiodlock.integrations.fastapi import default_detail, hold, lifespan
 from aiodlock.testing.conformance import SLACK_TTL
 from tests.test_examples import ROOT, every_worker_answers, run, succeeded, uvicorn_workers
 
@@ -55,6 +56,13 @@ async def while_held(locks: aiodlock.LockClient, name: str, request: Awaitable[T
             done.set()
 
 
+def own_words(exc: aiodlock.LockError) -> str:
+    """A ``detail=`` hook: its own words for a busy order, the default for the rest."""
+    if isinstance(exc, aiodlock.LockTimeoutError):
+        return "this order is being changed; try again"
+    return "lock trouble: " + default_detail(exc)
+
+
 def app_with(url: str = "memory://", **options: Any) -> FastAPI:
     """Routes for each case: a counter, a busy report, a handler that waits to be cancelled."""
     app = FastAPI(lifespan=lifespan(url, **options))
@@ -66,6 +74,13 @@ def app_with(url: str = "memory://", **options: Any) -> FastAPI:
         item_id: int, lease: Annotated[aiodlock.Lease, hold("item:{item_id}", timeout=0.2)]
     ) -> dict[str, Any]:
         return {"name": lease.name, "token": lease.fencing_token, "held": lease.held}
+
+    @app.post("/worded/{item_id}")
+    async def worded(
+        item_id: int,
+        lease: Annotated[aiodlock.Lease, hold("item:{item_id}", timeout=0.2, detail=own_words)],
+    ) -> dict[str, Any]:
+        return {"name": lease.name}
 
     # Outlives a late renewal: it is lost to the break, not to the machine's load.
     @app.post("/slow/{key}")
@@ -117,8 +132,19 @@ async def test_busy_past_timeout_is_423_with_retry_after() -> None:
         busy = await while_held(app.state.locks, "item:7", client.post("/items/7"))
         assert busy.status_code == 423
         assert busy.headers["Retry-After"] == "1"
-        assert "locked" in busy.json()["detail"]
+        assert busy.json() == {"detail": "locked"}
         assert (await client.post("/items/7")).status_code == 200  # free again
+
+
+@pytest.mark.memory
+async def test_a_detail_hook_chooses_the_body_and_keeps_retry_after() -> None:
+    app = app_with()
+    async with serving(app) as client:
+        busy = await while_held(app.state.locks, "item:8", client.post("/worded/8"))
+        assert busy.status_code == 423
+        assert busy.headers["Retry-After"] == "1"
+        assert busy.json() == {"detail": "this order is being changed; try again"}
+        assert (await client.post("/worded/8")).json() == {"name": "item:8"}
 
 
 @pytest.mark.memory
@@ -154,17 +180,20 @@ async def test_lost_lease_cancels_the_handler_and_answers_503() -> None:
         answer = await request
         assert answer.status_code == 503, answer.text
         assert answer.headers["Retry-After"] == "1"
-        assert "lock lost" in answer.json()["detail"]
+        assert answer.json() == {"detail": "lock lost while handling the request"}
         assert app.state.finished is False
         assert app.state.lease.lost.is_set()
         assert (await client.post("/items/1")).status_code == 200  # the app serves on
 
 
 @pytest.mark.redis
-async def test_lock_service_down_is_503(redis_url: str) -> None:
+async def test_lock_service_down_is_503_telling_the_log_not_the_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The body is the generic words: no URL, no driver error; those are one WARNING line."""
     from tests.servers import RedisServer
 
-    with RedisServer() as redis:
+    with RedisServer() as redis, caplog.at_level(logging.INFO, "aiodlock.integrations"):
         app = app_with(redis.url, connect_timeout=0.5)
         async with serving(app) as client:
             assert (await client.post("/items/1")).status_code == 200
@@ -172,8 +201,57 @@ async def test_lock_service_down_is_503(redis_url: str) -> None:
             answer = await client.post("/items/1")
             assert answer.status_code == 503, answer.text
             assert answer.headers["Retry-After"] == "1"
-            assert "unavailable" in answer.json()["detail"]
+            assert answer.json() == {"detail": "lock service unavailable"}
+            worded = await client.post("/worded/1")
+            assert worded.status_code == 503, worded.text
+            assert worded.json() == {"detail": "lock trouble: lock service unavailable"}
             redis.start()
+    records = [r for r in caplog.records if r.name == "aiodlock.integrations"]
+    assert [r.levelno for r in records] == [logging.WARNING] * 2, records
+    first = records[0]
+    assert first.exc_info is None
+    assert "\n" not in first.getMessage()
+    assert first.getMessage().startswith("POST /items/1: 503 (lock service unavailable): ")
+    assert f"127.0.0.1:{redis.port}" in first.getMessage()  # the service's own error
+
+
+@pytest.mark.memory
+async def test_a_busy_lock_is_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    app = app_with()
+    with caplog.at_level(logging.INFO, "aiodlock.integrations"):
+        async with serving(app) as client:
+            busy = await while_held(app.state.locks, "item:9", client.post("/items/9"))
+    assert busy.status_code == 423
+    records = [r for r in caplog.records if r.name == "aiodlock.integrations"]
+    assert [r.levelno for r in records] == [logging.INFO], records
+    assert records[0].getMessage().startswith("POST /items/9: 423 (locked): LockTimeoutError")
+
+
+@pytest.mark.redis
+async def test_a_stopped_lock_service_answers_within_the_handlers_timeout() -> None:
+    """The server stops answering (SIGSTOP): eight requests at once on a handler with
+    ``timeout=0.2`` each answer 423 or 503 within 0.2 s + 100 ms (+ a loaded machine's
+    slack), though they share the app's two connections."""
+    from tests.servers import RedisServer
+
+    with RedisServer() as redis:
+        app = app_with(redis.url)
+        async with serving(app) as client:
+            assert (await client.post("/items/1")).status_code == 200
+            loop = asyncio.get_running_loop()
+
+            async def timed(item: int) -> tuple[float, int]:
+                started = loop.time()
+                answer = await client.post(f"/items/{item}")
+                return loop.time() - started, answer.status_code
+
+            redis.pause()
+            try:
+                answers = await asyncio.gather(*(timed(item) for item in range(8)))
+            finally:
+                redis.resume()
+        assert all(status in (423, 503) for _, status in answers), answers
+        assert max(took for took, _ in answers) <= 0.2 + 0.1 + 0.15, answers
 
 
 @pytest.mark.memory
@@ -239,6 +317,103 @@ def test_bad_hold_arguments_fail_when_declared(
 ) -> None:
     with pytest.raises(error, match=message):
         hold(template, **options)
+
+
+BAD_LOCK_OPTIONS = [
+    {"timeout": -1, "ttl": 0},  # the issue's: both bad, the client names the ttl first
+    {"ttl": 0},
+    {"ttl": 0.001},
+    {"ttl": None},
+    {"ttl": "5"},
+    {"timeout": -1},
+    {"timeout": float("nan")},
+    {"max_hold": 0},
+    {"reentrant": 1},
+    {"fair": "yes"},
+    {"tiemout": 5},
+    {"kind": "read", "fair": True},
+    {"kind": "read", "reentrant": True},
+    {"kind": "semaphore", "limit": 0},
+    {"kind": "semaphore", "limit": 2.5},
+    {"kind": "semaphore", "limit": 2, "reentrant": True},
+]
+
+
+def client_error(options: dict[str, Any]) -> Exception:
+    """What ``LockClient`` raises for these options (a memory client: no I/O, nothing held)."""
+    options = dict(options)
+    kind = options.pop("kind", "mutex")
+    factory = {"mutex": "lock", "read": "read_lock", "semaphore": "semaphore"}[kind]
+
+    async def build() -> None:
+        async with aiodlock.connect("memory://") as locks:
+            getattr(locks, factory)("order:1", **options)
+
+    with pytest.raises((TypeError, ValueError)) as raised:
+        asyncio.run(build())
+    return raised.value
+
+
+@pytest.mark.memory
+@pytest.mark.parametrize("options", BAD_LOCK_OPTIONS, ids=repr)
+def test_bad_lock_options_fail_at_declaration_with_the_clients_message(
+    options: dict[str, Any],
+) -> None:
+    expected = client_error(options)
+    with pytest.raises(type(expected)) as raised:
+        hold("order:{order_id}", **options)
+    assert str(raised.value) == str(expected)
+
+
+@pytest.mark.memory
+def test_a_detail_that_is_not_a_function_fails_at_declaration() -> None:
+    with pytest.raises(TypeError, match="detail must be a function"):
+        hold("order:{order_id}", detail="busy")  # type: ignore[arg-type]  # the mistake tested
+
+
+@pytest.mark.memory
+def test_depends_around_hold_fails_when_the_route_is_declared_saying_use_it_bare() -> None:
+    app = FastAPI()
+    wrapped = Depends(hold("order:{order_id}", timeout=1))
+    with pytest.raises(TypeError, match=r"hold\(\) already returns the dependency.*use it bare"):
+
+        @app.post("/orders/{order_id}")
+        async def handler(order_id: int, lease: aiodlock.Lease = wrapped) -> None: ...
+
+
+@pytest.mark.memory
+async def test_hold_as_a_parameter_default_works() -> None:
+    app = FastAPI(lifespan=lifespan())
+
+    @app.post("/orders/{order_id}")
+    async def handler(
+        # FastAPI's own idiom for a dependency: a call in the default (B008 for ruff)
+        order_id: int,
+        lease: aiodlock.Lease = hold("order:{order_id}", timeout=1),  # noqa: B008
+    ) -> dict[str, str]:
+        return {"name": lease.name}
+
+    async with serving(app) as client:
+        assert (await client.post("/orders/3")).json() == {"name": "order:3"}
+
+
+@pytest.mark.redis
+async def test_a_lock_the_backend_cannot_provide_fails_at_startup(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``fair=True`` on Redlock (no FIFO handoff): refused when the app starts, naming the
+    route, not a 500 on every request."""
+    url = str(request.getfixturevalue("redlock_masters").url)
+    app = FastAPI(lifespan=lifespan(url))
+
+    @app.post("/orders/{order_id}")
+    async def handler(
+        order_id: int, lease: Annotated[aiodlock.Lease, hold("order:{order_id}", fair=True)]
+    ) -> None: ...
+
+    with pytest.raises(aiodlock.UnsupportedError, match=r"on route '/orders/\{order_id\}'.*fair"):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 @pytest.mark.memory

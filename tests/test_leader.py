@@ -65,9 +65,7 @@ class Candidates:
 async def candidates(url: str, count: int) -> AsyncIterator[Candidates]:
     namespace = f"el{os.urandom(4).hex()}"
     group = Candidates(url, "scheduler")
-    tasks = [
-        asyncio.create_task(group.campaign(f"node-{i}", namespace)) for i in range(count)
-    ]
+    tasks = [asyncio.create_task(group.campaign(f"node-{i}", namespace)) for i in range(count)]
     async with aiodlock.connect(url, namespace=namespace) as observer:
         group.clients["observer"] = observer
         try:
@@ -94,6 +92,18 @@ async def test_one_term_with_async_with_and_who_leads() -> None:
         assert await election.who_leads() is None
         async with election as term:
             assert term.fencing_token > first
+
+
+@pytest.mark.memory
+async def test_the_leaders_note_is_refreshed_by_a_task_of_the_clients_group() -> None:
+    # Not a bare task of the caller's: the client's group owns it, and the term ends it.
+    def publishers() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if t.get_name() == "aiodlock-leader-scheduler"]
+
+    async with aiodlock.connect(store()) as locks:
+        async with locks.election("scheduler", identity="web-1"):
+            assert len(publishers()) == 1
+        assert publishers() == []  # cancelled and awaited by the term's end
 
 
 @pytest.mark.memory

@@ -15,6 +15,7 @@ import pytest
 
 import aiodlock
 from aiodlock.backends import parse_url, schemes
+from aiodlock.testing import abandon, settle
 from aiodlock.testing.conformance import LATE_RENEWAL_SLACK
 from tests.helpers import eventually, wait_until
 
@@ -385,7 +386,7 @@ async def test_a_lock_handed_to_a_waiter_that_left_is_given_back(
         await holder.release()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        await locks.settle()
+        await settle(locks)
         assert await raw.get("{giveback:k}") is None
         again = await locks.lock("k", ttl=30).acquire(timeout=0)
         await again.release()
@@ -410,7 +411,7 @@ async def test_a_release_cancelled_during_a_handoff_leaves_the_lock_to_its_taker
             await releasing
         lease = await waiting
         await lease.release()
-        await locks.settle()
+        await settle(locks)
         assert await raw.get("{cutoff:k}") is None
 
 
@@ -682,7 +683,7 @@ async def test_an_outage_is_logged_once_not_per_request(
             with pytest.raises(aiodlock.BackendError) as failure:
                 await locks.lock(f"new{i}").acquire()
             assert failure.value.request_sent is False
-        await locks.settle()
+        await settle(locks)
         assert len(_records(caplog, logging.WARNING)) == 1
         assert not [r for r in caplog.records if "background release" in r.getMessage()]
         await asyncio.to_thread(own_server.start)
@@ -735,7 +736,7 @@ async def test_command_deadlines_are_precise(own_server: RedisServer) -> None:
             for phase in (0.25, 0.5, 0.75):  # the old sweeper cut them off late
                 await asyncio.sleep(phase * period)  # not in step with a periodic sweeper
                 started = loop.time()
-                with pytest.raises(aiodlock.BackendError, match=r"no reply within 4 s"):
+                with pytest.raises(aiodlock.BackendError, match=r"within (request_timeout \()?4 s"):
                     await locks.lock("k").try_acquire()
                 took.append(loop.time() - started)
         finally:
@@ -776,9 +777,7 @@ def _one(locks: aiodlock.LockClient, kind: str, name: str) -> aiodlock.BaseLock:
     return locks.lock(name)
 
 
-async def test_fencing_counter_expires_after_fence_ttl(
-    redis_url: str, raw: aioredis.Redis
-) -> None:
+async def test_fencing_counter_expires_after_fence_ttl(redis_url: str, raw: aioredis.Redis) -> None:
     """A counter no longer lives forever (72 bytes per lock name ever used): it expires
     ``fence_ttl`` after the last grant (default 7 days); ``fence_ttl=0`` keeps it."""
     key = "{fencettl:k}:fence"
@@ -963,13 +962,20 @@ async def test_fair_queue_keeps_pace_under_a_cancellation_storm(
         aiodlock.connect(url, namespace="storm") as a,
         aiodlock.connect(url, namespace="storm") as b,
     ):
-        for _ in range(2):  # interleaved, so that both kinds see the same machine
+        # Interleaved, so that both kinds see the same machine; on until the unfair lock has
+        # made enough grants for a ratio to mean something (a starved CI machine once let it
+        # make 18 in the first two rounds), within ten rounds.
+        for rounds in range(1, 11):
             for fair in (True, False):
                 name = "fair" if fair else "unfair"
                 grants[fair] += await _storm_for(0.8, (a, b), name, fair=fair)
-        await a.settle()
-        await b.settle()
-    assert grants[True] * 5 >= grants[False], grants
+            if rounds >= 2 and grants[False] >= 100:
+                break
+        await settle(a)
+        await settle(b)
+    # A tenth: a CI run with six workers on two cores measured 34 against 225 (0.15) once,
+    # where a quiet machine gives 1.2; before the fix it was under 0.02.
+    assert grants[True] * 10 >= grants[False], grants
     assert await _fair_leftovers(raw, "storm", "fair") == []
 
 
@@ -1000,8 +1006,8 @@ async def test_fair_queue_serves_patient_waiters_in_order_through_a_storm(
         await asyncio.gather(*waiters)
         stop.set()
         await storm
-        await a.settle()
-        await b.settle()
+        await settle(a)
+        await settle(b)
     assert order == list(range(6))
     assert await _fair_leftovers(raw, "patient", "q") == []
 
@@ -1044,7 +1050,7 @@ async def test_semaphore_limit_key_lives_exactly_as_long_as_the_permits(
         await first.release()
         assert await raw.exists(sem, limit) == 0
         crashed = await locks.semaphore("pool", limit=2, ttl=0.3).acquire()
-        locks.abandon(crashed)  # never renewed, never released
+        abandon(locks, crashed)  # never renewed, never released
         with pytest.raises(aiodlock.LimitMismatchError):
             await locks.semaphore("pool", limit=4).try_acquire()
         # The crashed permit's lease runs out, and its limit with it.
@@ -1054,3 +1060,121 @@ async def test_semaphore_limit_key_lives_exactly_as_long_as_the_permits(
             assert lease.fencing_token > crashed.fencing_token
             assert await raw.get(limit) == b"4"
     assert await raw.exists(sem, limit) == 0
+
+
+# ---------------------------------------------------------------------- holder identities
+
+
+@pytest.mark.parametrize(
+    ("kind", "held", "ids"),
+    [
+        ("lock", "{named:k}", "{named:k}:ids"),
+        ("write_lock", "{named:k}:writer", "{named:k}:writer:ids"),
+        ("read_lock", "{named:k}:readers", "{named:k}:readers:ids"),
+        ("semaphore", "{named:k}:sem", "{named:k}:sem:ids"),
+    ],
+)
+async def test_a_holders_identity_lives_exactly_as_long_as_its_lease(
+    redis_url: str, raw: aioredis.Redis, kind: str, held: str, ids: str
+) -> None:
+    """``KEY:ids`` names each holder's identity, expires with the key it holds (a renewal
+    moves both) and goes with the release: nothing outlives the holder."""
+    async with aiodlock.connect(redis_url, namespace="named", identity="web 1/é") as locks:
+        extra = {"limit": 2} if kind == "semaphore" else {}
+        lease = await getattr(locks, kind)("k", ttl=5, **extra).acquire()
+        assert await raw.hgetall(ids) == {lease.owner.encode(): "web 1/é".encode()}
+        # Set by two commands of one script: the server's clock may tick 1 ms between them.
+        assert abs(await raw.pexpiretime(ids) - await raw.pexpiretime(held)) <= 1
+        await lease.extend(60)
+        assert abs(await raw.pexpiretime(ids) - await raw.pexpiretime(held)) <= 1
+        assert 5000 < await raw.pttl(ids) <= 60_000
+        await lease.release()
+        assert await raw.exists(held, ids) == 0
+
+
+async def test_a_fair_release_hands_the_lock_over_with_the_heads_identity(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A fair release that hands the lock to the head of the queue (another client, which
+    runs no command to take it) names the head's identity, kept while it queued."""
+    async with (
+        aiodlock.connect(redis_url, namespace="fairid", identity="first") as a,
+        aiodlock.connect(redis_url, namespace="fairid", identity="second") as b,
+    ):
+        holder = await a.lock("k", fair=True, ttl=30).acquire()
+        waiting = asyncio.create_task(b.lock("k", fair=True, ttl=30).acquire(timeout=20))
+        await eventually(lambda: _in_queue(raw, "{fairid:k}", 1))
+        await holder.release()
+        lease = await waiting
+        (info,) = await a.inspect("k")
+        assert [(h.owner, h.identity) for h in info.holders] == [(lease.owner, "second")]
+        assert await raw.exists("{fairid:k}:queue:ids") == 0  # it left the queue
+        await lease.release()
+    assert await raw.exists("{fairid:k}:ids") == 0
+
+
+async def test_a_holder_granted_by_an_older_client_has_no_identity(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """Keys written by an aiodlock that stored no identity are still inspected, with
+    ``identity=None``."""
+    await raw.set("{older:m}", "old-owner", px=10_000)
+    await raw.zadd("{older:r}:readers", {"old-reader": 2**50})
+    await raw.pexpire("{older:r}:readers", 10_000)
+    async with aiodlock.connect(redis_url, namespace="older") as locks:
+        infos = await locks.inspect()
+        assert [(i.name, [(h.owner, h.identity) for h in i.holders]) for i in infos] == [
+            ("m", [("old-owner", None)]),
+            ("r", [("old-reader", None)]),
+        ]
+    await raw.delete("{older:m}", "{older:r}:readers")
+
+
+async def test_an_expired_members_identity_goes_when_it_is_purged(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """A crashed reader's identity is dropped with its member by the next grant's purge, so
+    the hash of a read lock held without a break never grows with the dead."""
+    async with aiodlock.connect(redis_url, namespace="purgeid") as locks:
+        crashed = await locks.read_lock("k", ttl=0.2).acquire()
+        abandon(locks, crashed)  # never renewed, never released
+        live = await locks.read_lock("k", ttl=30).acquire()
+        await eventually(partial(_lapsed, raw, "{purgeid:k}:readers", crashed.owner))
+        async with locks.read_lock("k", ttl=30) as other:
+            owners = await raw.hkeys("{purgeid:k}:readers:ids")
+            assert sorted(owners) == sorted([live.owner.encode(), other.owner.encode()])
+        await live.release()
+    assert await raw.exists("{purgeid:k}:readers", "{purgeid:k}:readers:ids") == 0
+
+
+async def _lapsed(raw: aioredis.Redis, zset: str, member: str) -> bool:
+    """Whether ``member``'s lease in ``zset`` has ended by the server's clock."""
+    score = await raw.zscore(zset, member)
+    seconds, micros = await raw.time()
+    return score is not None and score < seconds * 1000 + micros // 1000
+
+
+async def test_namespaces_name_held_and_waited_ones_only(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """``namespaces()`` names a namespace with a holder or a fair waiter; a fencing counter
+    left behind, or a key of another application that starts with ``{``, names none."""
+    await raw.set("{fenceonly:k}:fence", "7", px=10_000)
+    await raw.set("{notours}", "x", px=10_000)
+    await raw.set("{bad{ns:k}", "x", px=10_000)
+    async with (
+        aiodlock.connect(redis_url, namespace="nsheld") as held,
+        aiodlock.connect(redis_url, namespace="nswaited") as waited,
+    ):
+        lease = await held.lock("k", fair=True, ttl=30).acquire()
+        other = await waited.lock("k", fair=True, ttl=30).acquire()
+        waiting = asyncio.create_task(held.lock("k", fair=True).acquire(timeout=20))
+        await eventually(lambda: _in_queue(raw, "{nsheld:k}", 1))
+        await lease.release()  # handed to the waiter: nsheld is still in use
+        found = await held.namespaces()
+        assert {"nsheld", "nswaited"} <= set(found)
+        assert not {"fenceonly", "notours", "bad{ns", "bad"} & set(found)
+        assert found == sorted(found)
+        await (await waiting).release()
+        await other.release()
+    await raw.delete("{fenceonly:k}:fence", "{notours}", "{bad{ns:k}")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiodlock
-from aiodlock.testing import History
+from aiodlock.testing import History, settle
 from tests.helpers import FailoverLoad
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ async def test_wait_replicas_returns_a_grant_only_once_a_replica_has_it(
             assert loop.time() - started < 3
         finally:
             replica.resume()
-        await locks.settle()
+        await settle(locks)
         taken = await other.lock("job").try_acquire()
         assert taken is not None  # given back at once, not after the 30 s lease
         await taken.release()

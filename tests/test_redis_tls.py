@@ -137,6 +137,65 @@ async def test_client_certificate_when_the_server_requires_one(
     )
 
 
+async def test_the_shared_tls_option_names(
+    tls_server: RedisTLSServer, mtls_server: RedisTLSServer, tls_files: TLSFiles
+) -> None:
+    """``tls_ca``, ``tls_cert`` and ``tls_key`` (the names every backend shares) do what
+    redis-py's ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile`` do."""
+    await round_trip(f"{tls_server.url}?tls_ca={tls_files.ca}")
+    await round_trip(tls_server.url, tls_ca=str(tls_files.ca), request_timeout=2)
+    url = f"{mtls_server.url}?tls_ca={tls_files.ca}"
+    await refused(url)  # no client certificate: the server hangs up
+    await round_trip(f"{url}&tls_cert={tls_files.client}")
+    directory = tls_files.client.parent
+    await round_trip(
+        url, tls_cert=directory / "client-cert.pem", tls_key=str(directory / "client-key.pem")
+    )
+
+
+async def test_tls_verify_false_checks_neither_certificate_nor_host(
+    tls_server: RedisTLSServer, tls_files: TLSFiles
+) -> None:
+    """``tls_verify=false``: encrypted, no CA needed, and a host name the certificate does
+    not carry is accepted (it checks what ``ssl_cert_reqs=none`` turns off)."""
+    await round_trip(f"{tls_server.url}?tls_verify=false")
+    await round_trip(f"rediss://localhost:{tls_server.port}/0", tls_verify=False)
+    error = await refused(f"rediss://localhost:{tls_server.port}/0?tls_verify=true")
+    assert any(isinstance(e, ssl.SSLCertVerificationError) for e in chain(error))
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("rediss://h:1/0?tls_ca=/a.pem", {"ssl_ca_certs": "/a.pem"}, "two names of one option"),
+        ("rediss://h:1/0", {"socket_timeout": 1, "request_timeout": 1}, "two names of one"),
+        ("rediss://h:1/0", {"tls_verify": False, "ssl_cert_reqs": "none"}, "overlap"),
+        ("rediss://h:1/0", {"tls_key": __file__}, "tls_key needs tls_cert"),
+        ("rediss://h:1/0", {"tls_ca": "/nonexistent/ca.pem"}, "option tls_ca: no such file"),
+        ("redis://127.0.0.1:1/0?tls_ca=/ca.pem", {}, "tls_ca is for TLS"),
+        (
+            "redis+cluster://h:1",
+            {"tls_ca": "/ca.pem"},
+            "tls_ca is not supported on redis\\+cluster",
+        ),
+        ("redis+sentinel://h:1/svc", {"tls_verify": True}, "tls_verify is not supported"),
+    ],
+)
+def test_the_shared_names_in_messages(url: str, options: dict[str, Any], message: str) -> None:
+    """A wrong option is named as it was given; one option under two names is refused."""
+    with pytest.raises((ValueError, TypeError), match=message):
+        aiodlock.connect(url, **options)
+
+
+def test_request_timeout_bounds_each_command() -> None:
+    """``request_timeout`` is the canonical name of ``socket_timeout``."""
+    for name in ("request_timeout", "socket_timeout"):
+        client = aiodlock.connect("redis://127.0.0.1:1/0", **{name: 0.25})
+        assert client.backend._source.request_timeout == 0.25  # type: ignore[attr-defined]
+    client = aiodlock.connect("redis://127.0.0.1:1/0?request_timeout=0.5")
+    assert client.backend._source.request_timeout == 0.5  # type: ignore[attr-defined]
+
+
 async def test_a_bad_certificate_file_is_a_backend_error(
     tls_server: RedisTLSServer, tls_files: TLSFiles
 ) -> None:

@@ -11,16 +11,18 @@ the caller is told; a master that loses its data never makes a fencing token go 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import zlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiodlock
-from aiodlock.testing import History
-from tests.helpers import wait_until
+from aiodlock.testing import History, settle
+from tests.helpers import eventually, wait_until
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -81,8 +83,8 @@ async def test_one_master_stopped_still_grants(masters: RedlockMasters) -> None:
             for i, client in enumerate((a, b)):
                 tg.create_task(_work(client, f"c{i}", history, 10, timeout=1.5))
         masters.servers[2].resume()
-        await a.settle()
-        await b.settle()
+        await settle(a)
+        await settle(b)
     assert len(history.holds) == 30
     history.check(max_holders=1)
     tokens = [h.token for h in sorted(history.holds, key=lambda h: h.start)]
@@ -104,7 +106,7 @@ async def test_two_masters_stopped_grant_nothing(masters: RedlockMasters) -> Non
         masters.servers[2].resume()
         async with locks.lock("job", ttl=2, timeout=10) as lease:
             assert lease.fencing_token > 0
-        await locks.settle()
+        await settle(locks)
 
 
 @pytest.mark.parametrize("fault", ["flushall", "restart"])
@@ -145,7 +147,7 @@ async def test_master_losing_its_data_keeps_tokens_increasing(
             async with locks.lock("job", ttl=2, timeout=10) as lease:
                 tokens.append(lease.fencing_token)
         assert tokens == sorted(set(tokens))
-        await locks.settle()
+        await settle(locks)
 
 
 async def test_renewal_refused_by_a_quorum_cancels_the_body(masters: RedlockMasters) -> None:
@@ -168,7 +170,7 @@ async def test_renewal_refused_by_a_quorum_cancels_the_body(masters: RedlockMast
                     cancelled = True
                     raise
         assert reached.is_set() and cancelled
-        await locks.settle()
+        await settle(locks)
     assert await _keys(masters, 2, f"{{{ns}:job}}") == []  # released where it was left
 
 
@@ -194,8 +196,8 @@ async def test_drift_factor_shrinks_the_validity(masters: RedlockMasters) -> Non
             assert lease.valid_until - loop.time() <= 4 * (1 - 0.5)
         async with narrow.lock("b", ttl=4) as lease:
             assert lease.valid_until - loop.time() > 4 * (1 - 0.5)
-        await wide.settle()
-        await narrow.settle()
+        await settle(wide)
+        await settle(narrow)
 
 
 @pytest.mark.parametrize("count", [1, 2, 4, 6])
@@ -233,10 +235,10 @@ async def test_failed_attempt_leaves_nothing_on_any_master(masters: RedlockMaste
             masters.servers[2].pause()
             assert await b.lock("job", ttl=5).try_acquire() is None
             masters.servers[2].resume()
-            await b.settle()
+            await settle(b)
             assert await _keys(masters, 2, f"{{{ns}:job}}") == []
             lease.assert_held()
-        await a.settle()
+        await settle(a)
     for i in range(3):
         assert await _keys(masters, i, f"{{{ns}:job}}") == []
 
@@ -259,7 +261,64 @@ async def test_inspect_and_break(masters: RedlockMasters) -> None:
         assert await backend.inspect(ns) == []
         async with locks.lock("job", ttl=2) as after:
             assert after.fencing_token > lease.fencing_token
-        await locks.settle()
+        await settle(locks)
+
+
+async def test_identity_and_namespaces_with_a_master_stopped(masters: RedlockMasters) -> None:
+    """With one master of three stopped, ``namespaces()`` (the union over the masters that
+    answer) still names the namespace in use, and ``inspect`` each reader's identity, as the
+    masters stored it with the grant."""
+    ns = NS + "9"
+    async with (
+        aiodlock.connect(masters.url, namespace=ns, identity="worker 1/é") as one,
+        aiodlock.connect(masters.url, namespace=ns, identity="worker 2") as two,
+    ):
+        async with one.read_lock("job", ttl=10) as first, two.read_lock("job", ttl=10) as second:
+            masters.servers[0].pause()
+            try:
+                assert ns in await one.namespaces()
+                (info,) = await one.inspect("job")
+            finally:
+                masters.servers[0].resume()
+            assert sorted((h.owner, h.identity) for h in info.holders) == sorted(
+                [(first.owner, "worker 1/é"), (second.owner, "worker 2")]
+            )
+        await settle(one)
+        await settle(two)
+    for i in range(3):  # the identities went with their holders; only the counter stays
+        assert await _keys(masters, i, f"{{{ns}:job}}*") == [f"{{{ns}:job}}:fence".encode()]
+
+
+async def test_a_break_over_slow_links_carries_the_token_to_a_quorum(
+    masters: RedlockMasters,
+) -> None:
+    """Master 0's counter is ahead, so a break must write the new token to the others. Over
+    links 150 ms slow each way that write takes 300 ms: within the masters' request timeout,
+    the break's budget. (It once had a grant's ``node_timeout`` -- 0.1 of the 2 s request
+    timeout taken for a ttl, 200 ms -- and a loaded CI machine failed a break whose deletes had
+    landed with "the token write failed".)"""
+    from tests.faults import Relay
+
+    ns = NS + "9"
+    async with contextlib.AsyncExitStack() as stack:
+        relays = [await stack.enter_async_context(Relay(s.host, s.port)) for s in masters.servers]
+        url = "redlock://" + ",".join(f"{r.host}:{r.port}" for r in relays) + "/0"
+        locks = await stack.enter_async_context(aiodlock.connect(url, namespace=ns))
+        lease = await locks.lock("job", ttl=30).acquire()
+        raw = _raw(masters, 0)  # after the grant, whose own write would carry it to a quorum
+        try:
+            await raw.set(f"{{{ns}:job}}:fence", time.time_ns() // 1000 + 10**12)
+        finally:
+            await raw.aclose()
+        for relay in relays:
+            relay.latency(0.15)
+        assert await locks.break_lock("job") == 1
+        for relay in relays:
+            await relay.heal()
+        await asyncio.wait_for(lease.lost.wait(), 10)  # told by the broken channel
+        async with locks.lock("job", ttl=2, timeout=10) as after:
+            assert after.fencing_token > lease.fencing_token
+        await settle(locks)
 
 
 async def test_giving_back_a_late_attempt_never_deletes_the_next_grant(
@@ -287,7 +346,7 @@ async def test_giving_back_a_late_attempt_never_deletes_the_next_grant(
             granted = await b.backend.try_acquire(spec, owner, 5.0)  # masters 0 and 1
             assert isinstance(granted, Grant)
             masters.servers[2].resume()
-            await b.settle()
+            await settle(b)
             # Master 2 granted the first attempt late, that grant was given back, and then
             # the second attempt was granted there too: the lease is on all three.
             for i in range(3):
@@ -297,17 +356,19 @@ async def test_giving_back_a_late_attempt_never_deletes_the_next_grant(
                 finally:
                     await key.aclose()
             assert await b.backend.release(spec, owner)
-            await b.settle()
+            await settle(b)
         finally:
             await raw.aclose()
-        await a.settle()
+        await settle(a)
     for i in range(3):
         assert await _keys(masters, i, f"{{{ns}:job}}") == []
 
 
-async def test_tls_to_every_master(tls_files: TLSFiles) -> None:
-    """``?ssl=true`` with the ``ssl_*`` options of ``rediss://``: three TLS-only masters; a
-    waiter is woken by the release (pub/sub over TLS too)."""
+@pytest.mark.parametrize("query", ["ssl=true&ssl_ca_certs={ca}", "tls=true&tls_ca={ca}"])
+async def test_tls_to_every_master(tls_files: TLSFiles, query: str) -> None:
+    """``?ssl=true`` with the ``ssl_*`` options of ``rediss://`` (or their shared names
+    ``tls``, ``tls_ca``): three TLS-only masters; a waiter is woken by the release (pub/sub
+    over TLS too)."""
     from tests.servers import RedisTLSServer
 
     servers = [RedisTLSServer(tls_files, auth_clients="optional") for _ in range(3)]
@@ -315,7 +376,7 @@ async def test_tls_to_every_master(tls_files: TLSFiles) -> None:
         for server in servers:
             server.start()
         hosts = ",".join(f"{s.host}:{s.port}" for s in servers)
-        url = f"redlock://{hosts}/0?ssl=true&ssl_ca_certs={tls_files.ca}"
+        url = f"redlock://{hosts}/0?{query.format(ca=tls_files.ca)}"
         async with (
             aiodlock.connect(url, namespace="tls") as a,
             aiodlock.connect(url, namespace="tls") as b,
@@ -378,8 +439,8 @@ async def test_master_killed_and_restarted_empty_under_load(masters: RedlockMast
             await asyncio.to_thread(masters.servers[1].start)  # empty: no persistence
             await until(len(clean) + 20)
             stop.set()
-        await a.settle()
-        await b.settle()
+        await settle(a)
+        await settle(b)
     History(clean).check(max_holders=1)
     ordered = sorted(clean, key=lambda hold: hold.start)
     assert [h.token for h in ordered] == sorted({h.token for h in ordered})
@@ -393,8 +454,7 @@ async def test_a_woken_waiter_asks_the_arbiter_master_first(masters: RedlockMast
     masters are free: the woken waiter is refused and takes the lock only once that key has
     expired. Had it asked every master at once, it would hold the two free ones at once."""
     name, ns = "arbiter", NS + "arbiter"
-    tag = f"{{{ns}:{name}}}"
-    arbiter = zlib.crc32(tag.encode()) % len(masters.servers)  # restated: private
+    tag, arbiter = _arbiter_of(masters, ns, name)
     loop = asyncio.get_running_loop()
     async with (
         aiodlock.connect(masters.url, namespace=ns) as a,
@@ -417,3 +477,185 @@ async def test_a_woken_waiter_asks_the_arbiter_master_first(masters: RedlockMast
             assert second.fencing_token > first.fencing_token
         finally:
             await second.release()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ssl": True, "tls": True}, "two names of one option"),
+        ({"socket_timeout": 1, "request_timeout": 1}, "two names of one option"),
+        ({"tls": "yes"}, "option tls must be a bool"),
+        ({"ssl": "yes"}, "option ssl must be a bool"),
+    ],
+)
+def test_redlock_option_names(options: dict[str, Any], message: str) -> None:
+    """``tls`` is the shared name of ``ssl``, ``request_timeout`` of ``socket_timeout``."""
+    with pytest.raises((ValueError, TypeError), match=message):
+        aiodlock.connect("redlock://h1:1,h2:1,h3:1/0", **options)
+
+
+def test_redlock_request_timeout_reaches_every_master() -> None:
+    """Per master, ``request_timeout`` (alias ``socket_timeout``; default 2 s)."""
+    url = "redlock://h1:1,h2:1,h3:1/0"
+    backend: Any = aiodlock.connect(url).backend
+    assert [s.request_timeout for s in backend._sources] == [2.0] * 3
+    for name in ("request_timeout", "socket_timeout"):
+        backend = aiodlock.connect(url, **{name: 0.5}).backend
+        assert [s.request_timeout for s in backend._sources] == [0.5] * 3
+
+
+def _arbiter_of(masters: RedlockMasters, ns: str, name: str) -> tuple[str, int]:
+    """The hash tag of ``name``'s keys and the index of its arbiter master (restated: the
+    backend's are private)."""
+    tag = f"{{{ns}:{name}}}"
+    return tag, zlib.crc32(tag.encode()) % len(masters.servers)
+
+
+async def _attempts(raw: aioredis.Redis) -> int:
+    stats = await raw.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+
+
+async def _subscribed(raws: list[aioredis.Redis], channel: str) -> bool:
+    for raw in raws:
+        [(_, count)] = await raw.pubsub_numsub(channel)
+        if count < 1:
+            return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def _a_waiter_refused_at_the_arbiter(
+    masters: RedlockMasters, ns: str
+) -> AsyncIterator[tuple[list[aioredis.Redis], int, str]]:
+    """A client holding ``job`` (ttl 30: no renewal meanwhile) and another client's task
+    waiting for it, subscribed on every master; yields raw clients of the masters, the
+    arbiter's index and the lock's channel. Its attempts are refused (the lock is held), so
+    each wakeup costs one script on the arbiter and nothing on the others."""
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    channel = tag + ":signal"
+    raws = [_raw(masters, i) for i in range(len(masters.servers))]
+    async with (
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns) as b,
+    ):
+        held = await a.lock("job", ttl=30).acquire()
+        task = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
+        try:
+            await eventually(partial(_subscribed, raws, channel))
+            yield raws, arbiter, channel
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await held.release()
+            for raw in raws:
+                await raw.aclose()
+
+
+async def _quiet(raw: aioredis.Redis, *, longer_than: float) -> int:
+    """The arbiter's script count once it has not moved for ``longer_than`` seconds (beyond
+    the lead's grace: a late second attempt would show)."""
+    count = await _attempts(raw)
+    while True:
+        await asyncio.sleep(longer_than)  # nothing would tell us of an attempt not made
+        now = await _attempts(raw)
+        if now == count:
+            return count
+        count = now
+
+
+async def test_a_release_heard_from_every_master_wakes_a_waiter_once(
+    masters: RedlockMasters,
+) -> None:
+    """A release publishes on every master, so a waiting process hears it three times; a
+    mutex waiter waits on the arbiter master's copy alone, and asks again once per release,
+    not once per copy (it asked up to three times, from every waiting process: a herd). Here
+    five releases are published by hand on every master while the lock stays held: five
+    refused attempts on the arbiter, not ten or fifteen."""
+    async with _a_waiter_refused_at_the_arbiter(masters, NS + "once") as (raws, arbiter, channel):
+        before = await _quiet(raws[arbiter], longer_than=0.3)
+        for n in range(1, 6):
+            await asyncio.gather(*(raw.publish(channel, "1") for raw in raws))
+            await eventually(partial(_at_least, raws[arbiter], before + n))
+        assert await _quiet(raws[arbiter], longer_than=0.3) == before + 5
+
+
+async def _at_least(raw: aioredis.Redis, count: int) -> bool:
+    return await _attempts(raw) >= count
+
+
+async def test_a_release_the_arbiter_did_not_publish_still_wakes_the_waiter(
+    masters: RedlockMasters,
+) -> None:
+    """A release heard from the other masters but not from the arbiter (its copy lost, or
+    its master silent) wakes the waiter all the same, after the arbiter's grace (100 ms)."""
+    async with _a_waiter_refused_at_the_arbiter(masters, NS + "grace") as (raws, arbiter, channel):
+        before = await _quiet(raws[arbiter], longer_than=0.3)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        others = [raw for i, raw in enumerate(raws) if i != arbiter]
+        await asyncio.gather(*(raw.publish(channel, "1") for raw in others))
+        await eventually(partial(_at_least, raws[arbiter], before + 1))
+        assert loop.time() - sent >= 0.09
+        assert await _quiet(raws[arbiter], longer_than=0.3) == before + 1
+
+
+async def test_every_release_the_arbiter_did_not_publish_wakes_the_waiter(
+    masters: RedlockMasters,
+) -> None:
+    """Not only the first: the other masters' copies of each release are used up by the
+    re-check that follows them, so the next release there is heard too (a waiter left
+    marked as woken there was passed over by that master's "wake one" ever after)."""
+    async with _a_waiter_refused_at_the_arbiter(masters, NS + "each") as (raws, arbiter, channel):
+        before = await _quiet(raws[arbiter], longer_than=0.3)
+        others = [raw for i, raw in enumerate(raws) if i != arbiter]
+        for n in range(1, 4):
+            await asyncio.gather(*(raw.publish(channel, "1") for raw in others))
+            await eventually(partial(_at_least, raws[arbiter], before + n))
+        assert await _quiet(raws[arbiter], longer_than=0.3) == before + 3
+
+
+async def test_a_wakeup_banked_while_the_arbiter_is_silent_does_not_wedge_it(
+    masters: RedlockMasters,
+) -> None:
+    """An attempt the arbiter did not answer in time is given back there once its reply
+    lands, and the waiter's next attempt on the arbiter waits for that give-back. A wakeup
+    banked during the attempt starts the next one in the same loop step: the give-back
+    must still wait for its own attempt, not the next one (each waited for the other, and
+    the arbiter never heard from this waiter again). Once the arbiter answers again, the
+    waiter is granted there too, on all three masters."""
+    ns = NS + "wedge"
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    channel = tag + ":signal"
+    raws = [_raw(masters, i) for i in range(len(masters.servers))]
+    others = [raw for i, raw in enumerate(raws) if i != arbiter]
+    loop = asyncio.get_running_loop()
+    try:
+        async with (
+            aiodlock.connect(masters.url, namespace=ns) as a,
+            aiodlock.connect(masters.url, namespace=ns) as b,
+        ):
+            held = await a.lock("job", ttl=30).acquire()
+            waiter = asyncio.create_task(b.lock("job", ttl=10).acquire(timeout=25))
+            await eventually(partial(_subscribed, raws, channel))
+            await _quiet(raws[arbiter], longer_than=0.3)
+            masters.servers[arbiter].pause()
+            # A release heard from the others only: after the grace the waiter asks the
+            # arbiter, which is silent for its patience (ttl/10, 1 s: less than the 2 s
+            # request_timeout, so the attempt there is still out when the others refuse).
+            await asyncio.gather(*(raw.publish(channel, "1") for raw in others))
+            asked = loop.time()
+            await asyncio.sleep(0.5)  # within that attempt: no event tells of its progress
+            # Another, banked while the attempt is out: the next follows it at once.
+            await asyncio.gather(*(raw.publish(channel, "1") for raw in others))
+            await asyncio.sleep(max(0.0, asked + 3 - loop.time()))  # both attempts sent
+            masters.servers[arbiter].resume()
+            await held.release()
+            lease = await asyncio.wait_for(waiter, 20)
+            assert await _keys(masters, arbiter, tag) == [tag.encode()]
+            await lease.release()
+    finally:
+        masters.servers[arbiter].resume()
+        for raw in raws:
+            await raw.aclose()

@@ -23,7 +23,9 @@ PACKAGE = Path(aiodlock.__file__).parent
 
 # Third-party internals we rely on knowingly (the driver's version is pinned in pyproject.toml
 # for this reason): aiomysql exposes no public way to bound a connect or to read the socket.
-DRIVER_INTERNALS = {"aiodlock.backends._mysql_conn": {"_writer", "_connect", "_result", "_secure"}}
+DRIVER_INTERNALS = {
+    "aiodlock.backends.sql._mysql_conn": {"_writer", "_connect", "_result", "_secure"}
+}
 
 
 def _module_name(path: Path) -> str:
@@ -99,9 +101,10 @@ def test_no_module_imports_a_private_name_of_another() -> None:
         for module, name, line in _imports(importer, tree):
             if name is None or not name.startswith("_") or name == "__version__":
                 continue
-            if _is_package(module) and (PACKAGE.parent / module.replace(".", "/")).joinpath(
-                f"{name}.py"
-            ).exists():
+            if (
+                _is_package(module)
+                and (PACKAGE.parent / module.replace(".", "/")).joinpath(f"{name}.py").exists()
+            ):
                 continue  # a private *module* of the package: fine
             offenders.append(f"{importer}:{line} imports {name} from {module}")
     assert offenders == []
@@ -174,8 +177,17 @@ def test_docstrings_cite_only_documents_that_ship_with_the_repository() -> None:
 
 
 def test_the_conformance_suite_exports_every_test() -> None:
-    # A backend runs the suite with `import *`: a test left out of __all__ would never run.
+    # A backend runs the suite with `import *`: a test left out of __all__ would never run,
+    # nor one its package's modules define that the package does not import.
+    import importlib
+    import pkgutil
+
     from aiodlock.testing import conformance
 
     defined = {name for name in vars(conformance) if name.startswith("test_")}
+    for module in pkgutil.iter_modules(conformance.__path__, f"{conformance.__name__}."):
+        tests = vars(importlib.import_module(module.name))
+        defined |= {name for name in tests if name.startswith("test_")}
     assert defined <= set(conformance.__all__)
+    exported = set(conformance.__all__) - {"pytest_plugins"}
+    assert all(callable(getattr(conformance, name)) for name in exported)

@@ -27,7 +27,7 @@ import pytest
 
 import aiodlock
 from aiodlock.backends import Kind, LockSpec
-from aiodlock.testing import History
+from aiodlock.testing import History, settle
 from aiodlock.testing.conformance import LATE_RENEWAL_SLACK
 from tests.helpers import eventually, wait_until
 from tests.servers import LOOPBACK
@@ -206,9 +206,8 @@ def socket_nobody_listens() -> Iterator[int]:
 
 
 def test_urls_and_options_are_checked_without_connecting() -> None:
-    with pytest.raises(ValueError, match="no credentials") as info:
-        aiodlock.connect("zookeeper://user:hunter2@127.0.0.1:2181/")
-    assert "hunter2" not in str(info.value)
+    client = aiodlock.connect("zookeeper://user:hunter2@127.0.0.1:2181/")  # digest credentials
+    assert "hunter2" not in repr(client)
     with pytest.raises(ValueError, match="chroot"):
         aiodlock.connect("zookeeper://127.0.0.1:2181/a/../b")
     with pytest.raises(ValueError, match="session_timeout"):
@@ -217,6 +216,20 @@ def test_urls_and_options_are_checked_without_connecting() -> None:
         aiodlock.connect("zookeeper://127.0.0.1:2181/", suspended_grace="1")
     client = aiodlock.connect("zookeeper://zk1,zk2:2182/apps?session_timeout=4&connect_timeout=2")
     assert repr(client).startswith("<LockClient new zookeeper://zk1,zk2:2182/apps ")
+
+
+def test_session_ttl_is_the_canonical_name_of_session_timeout() -> None:
+    for query in ("session_ttl=4", "session_timeout=4"):
+        client = aiodlock.connect(f"zookeeper://zk1/apps?{query}")
+        stats = backend_of(client).statistics()
+        assert stats["suspended_grace"] == 2.0  # half the session_ttl asked for
+    # A message names the option as the user spelled it.
+    with pytest.raises(ValueError, match="session_ttl"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/", session_ttl=-1)
+    with pytest.raises(TypeError, match="session_timeout"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/", session_timeout="6")
+    with pytest.raises(ValueError, match="two names of one option"):
+        aiodlock.connect("zookeeper://127.0.0.1:2181/?session_ttl=4", session_timeout=4)
 
 
 async def test_describe_statistics_and_chroot(
@@ -499,7 +512,7 @@ async def test_cancelling_100_waiters_leaves_no_znode(
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
-        await crowd.settle()
+        await settle(crowd)
         assert len(await probe.lock_nodes(namespace, "crowded")) == 1  # the holder's
         stats = backend_of(crowd).statistics()
         assert (stats["entries"], stats["waiters"], stats["watches"]) == (0, 0, 0)
@@ -522,7 +535,7 @@ async def test_cancelling_acquisitions_at_random_moments_leaves_no_znode(
             await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.001, 0.003]))
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await crowd.settle()
+        await settle(crowd)
         await holder.release()
         await eventually(lambda: _no_nodes(probe, namespace, "busy"), timeout=5)
         stats = backend_of(crowd).statistics()
@@ -585,12 +598,15 @@ async def test_cancellation_storm_keeps_granting_and_leaves_nothing(
         ended = loop.time()
         print(f"storm ({'fair' if fair else 'turns'}): {grants} grants in {STORM_SECONDS:g} s")
         history.check(max_holders=1)
-        await a.settle()
-        await b.settle()
+        await settle(a)
+        await settle(b)
         await eventually(lambda: _no_nodes(probe, namespace, "storm"), timeout=1.0)
         for client in (a, b):
             stats = backend_of(client).statistics()
-            assert (stats["reconnects"], stats["sessions"]) == (0, 1)
+            # No session was lost: the main one and the one of STORM_TTL (shorter than
+            # session_ttl) were each established once.
+            assert list(stats["short_sessions"]) == [STORM_TTL]
+            assert (stats["reconnects"], stats["sessions"]) == (0, 2)
             assert (stats["entries"], stats["waiters"], stats["doomed"]) == (0, 0, 0)
             if not fair:
                 assert stats["handed"] > 0  # cancelled turns passed their nodes on
@@ -657,7 +673,7 @@ async def test_a_cancelled_create_whose_reply_never_came_leaves_nothing(
             await acquiring
         proxy.swallow_replies = False
         proxy.cut()
-        await locks.settle()
+        await settle(locks)
         await eventually(lambda: _count_is(probe, namespace, "stuck", 1), timeout=10)
         await holder.release()
     assert await probe.leftovers(namespace) == []
@@ -801,7 +817,6 @@ async def test_a_lease_outside_async_with_is_marked_lost_when_the_grace_runs_out
                 f"({told - cut:.3f} s after the "
                 f"cut): session_deadline={backend.session_deadline(spec, lease.owner)!r}, "
                 f"cut={cut!r}, "
-                f"tasks={sorted(t.get_name() for t in backend._tasks)}, "
                 f"stats={backend.statistics()}"
             )
         assert loop.time() - cut < 1.0 + LATE_RENEWAL_SLACK  # the grace, not the session
@@ -888,7 +903,7 @@ async def test_killing_the_leader_keeps_exclusion_and_waiters_proceed(
     async def worker(locks: aiodlock.LockClient, who: str) -> None:
         done = 0
         while done < rounds:
-            if not await _guarded_increment(locks, who, history, counter):
+            if not await _guarded_increment(locks, who, history, counter, ttl=8):
                 continue
             done += 1
             counter["done"] += 1
@@ -935,14 +950,16 @@ async def _clients_with_one_on(
 
 
 async def _guarded_increment(
-    locks: aiodlock.LockClient, who: str, history: History, counter: dict[str, int]
+    locks: aiodlock.LockClient, who: str, history: History, counter: dict[str, int], ttl: float
 ) -> bool:
     """One read-sleep-write round of ``counter["value"]`` under the lock; False (counted in
     ``counter["lost"]``) if the lease was lost in it, or (in ``counter["unavailable"]``) if
     the service could not be reached in time (a reconnect slower than the request timeout:
-    the caller gets BackendError and tries again, as an application would)."""
+    the caller gets BackendError and tries again, as an application would). ``ttl``: the
+    session timeout, so that the lock is on the client's main session (a shorter ttl would
+    put it on a session of its own, on any member: docs/zookeeper.md)."""
     try:
-        async with locks.lock("stock", ttl=2, timeout=60) as lease:
+        async with locks.lock("stock", ttl=ttl, timeout=60) as lease:
             with history.hold(who, lease.fencing_token):
                 seen = counter["value"]
                 await asyncio.sleep(random.uniform(0.005, 0.02))
@@ -979,7 +996,7 @@ async def test_pausing_a_member_moves_its_clients_to_the_others(
     async def worker(locks: aiodlock.LockClient, who: str) -> None:
         after = 0
         while after < rounds_after:
-            if not await _guarded_increment(locks, who, history, counter):
+            if not await _guarded_increment(locks, who, history, counter, ttl=6):
                 continue
             counter["done"] += 1
             if paused.is_set():

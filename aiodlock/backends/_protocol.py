@@ -87,7 +87,10 @@ import enum
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ._tasks import Tasks
 
 __all__ = [
     "Backend",
@@ -101,6 +104,7 @@ __all__ = [
     "LockInfo",
     "LockSpec",
     "LossSignal",
+    "NamespaceLister",
     "Noticeboard",
     "Settler",
     "TurnObserver",
@@ -259,11 +263,14 @@ class HolderInfo:
     """One holder of a lock, as the service sees it.
 
     ``expires_in`` is the lease's remaining seconds, ``None`` for a session lease (ZooKeeper,
-    MySQL) that lives as long as its holder's connection.
+    MySQL) that lives as long as its holder's connection. ``identity`` is the holding
+    client's ``identity`` option (``host:pid`` by default) as the backend stored it with the
+    lock, ``None`` where it was not stored (a holder from an older aiodlock).
     """
 
     owner: str
     expires_in: float | None
+    identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +315,13 @@ class Backend(Protocol):
     queueing. A backend that queues on ``Busy`` but removes an entry that no ``waiter()``
     claims in the same loop step itself (ZooKeeper) may declare False."""
 
-    async def open(self) -> None:
-        """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable."""
+    async def open(self, tasks: Tasks) -> None:
+        """Connect. Raises :class:`~aiodlock.BackendError` if the service is unreachable.
+
+        ``tasks`` is the backend's share of the client's task group: every background task
+        of the backend (read loops, watches, janitors) is started with ``tasks.spawn`` and
+        ended by ``await tasks.aclose()`` in :meth:`aclose`; a backend makes no task group
+        and no bare task of its own."""
         ...
 
     async def aclose(self) -> None:
@@ -344,6 +356,12 @@ class Backend(Protocol):
         """Arm a wakeup for one waiting acquisition (see the module docstring)."""
         ...
 
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one request may take (the ``request_timeout`` option): the core bounds
+        ``try_acquire()`` and a release by it, whatever the service does."""
+        ...
+
     def describe(self) -> str:
         """A short, password-free description for ``repr()`` and log lines."""
         ...
@@ -360,6 +378,24 @@ class Inspector(Protocol):
     async def inspect(self, namespace: str, pattern: str = "*") -> list[LockInfo]:
         """Every lock of ``namespace`` whose name matches the glob ``pattern`` and that has
         holders, or waiters where the backend can tell."""
+        ...
+
+
+@runtime_checkable
+class NamespaceLister(Protocol):
+    """Optional for an :class:`Inspector`: name the namespaces that have locks in use now,
+    for ``inspect --all-namespaces``.
+
+    Example::
+
+        for namespace in await backend.namespaces():
+            print(namespace, len(await backend.inspect(namespace)))
+    """
+
+    async def namespaces(self) -> list[str]:
+        """The namespaces with a lock held or waited for now, sorted. A backend that keeps
+        per-name records (fencing counters) may also name namespaces with nothing in use;
+        callers show what :meth:`Inspector.inspect` finds in each."""
         ...
 
 

@@ -29,30 +29,35 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from .._exceptions import LimitMismatchError
-from .._url import ParsedURL
-from ._protocol import (
+from . import (
+    BankedWakeup,
     Busy,
     Capability,
     Grant,
     HolderInfo,
     Kind,
+    LimitMismatchError,
     LockInfo,
     LockSpec,
+    LossSignal,
+    ParsedURL,
+    Tasks,
     Waiter,
 )
-from ._wakeup import BankedWakeup
 
 __all__ = ["MemoryBackend"]
 
 _SLACK: Final = 0.001  # retry just after the blocking lease has run out
+_REQUEST_TIMEOUT: Final = 5.0
 
 
 @dataclass(slots=True)
 class _Holder:
     kind: Kind
     expires_at: float
+    identity: str
     note: str | None = None  # Noticeboard: dies with the holder
+    lost: LossSignal | None = None  # made when the core asks for it (loss_signal)
 
 
 class _MemoryWaiter(BankedWakeup):
@@ -130,28 +135,20 @@ _KIND_OF = {"mutex": Kind.MUTEX, "semaphore": Kind.SEMAPHORE, "rw": Kind.READ}
 class MemoryBackend:
     """In-process backend with every capability (see the module docstring)."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {
-            Capability.EXCLUSIVE,
-            Capability.SHARED,
-            Capability.COUNTING,
-            Capability.FAIR,
-            Capability.FENCING,
-            Capability.TTL_LEASE,
-            Capability.SERVER_WAKEUP,
-            Capability.INSPECT,
-            Capability.BREAK,
-        }
-    )
-    options: ClassVar[Mapping[str, type]] = {}
+    # Every capability: its leases are TTL leases, with no session to lose.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(Capability) - {
+        Capability.SESSION_LEASE
+    }
+    options: ClassVar[Mapping[str, type]] = {"identity": str}
     queues_on_busy: ClassVar[bool] = False  # only fair locks queue, and spec.fair says so
 
     def __init__(self, url: ParsedURL, options: Mapping[str, Any]) -> None:
         self._store_name = url.hosts[0][0] if url.hosts else ""
         self._store = _STORES.setdefault(self._store_name, _Store())
         self._waiting = 0
+        self._identity: str = options.get("identity", "")
 
-    async def open(self) -> None:
+    async def open(self, tasks: Tasks) -> None:
         """Nothing to connect to."""
 
     async def aclose(self) -> None:
@@ -159,6 +156,11 @@ class MemoryBackend:
 
     def check(self, spec: LockSpec) -> None:
         """Every kind and option is supported."""
+
+    @property
+    def request_timeout(self) -> float:
+        """Nothing to wait for in memory: the default of the server backends."""
+        return _REQUEST_TIMEOUT
 
     def describe(self) -> str:
         """``memory://`` plus the store name."""
@@ -186,7 +188,7 @@ class MemoryBackend:
                 blockers = [entry.queue[ahead]]
         if not blockers:
             entry.queue.pop(owner, None)
-            entry.holders[owner] = _Holder(spec.kind, now + ttl)
+            entry.holders[owner] = _Holder(spec.kind, now + ttl, self._identity)
             entry.limit = spec.limit
             entry.token = self._store.next_token()
             return Grant(entry.token)
@@ -247,8 +249,14 @@ class MemoryBackend:
         return entry.holders.get(owner)
 
     def loss_signal(self, spec: LockSpec, owner: str) -> asyncio.Event | None:
-        """None: a memory lease is lost only by expiry or break_lock, which renew() reports."""
-        return None
+        """Set when :meth:`break_lock` drops ``owner`` (an expiry is reported by renew())."""
+        entry = self._store.entries.get(self._key(spec))
+        holder = None if entry is None else entry.holders.get(owner)
+        if holder is None:
+            return None
+        if holder.lost is None:
+            holder.lost = LossSignal()
+        return holder.lost
 
     def session_deadline(self, spec: LockSpec, owner: str) -> float | None:
         """None: a memory lease is a TTL lease, bounded by its renewals."""
@@ -288,7 +296,7 @@ class MemoryBackend:
             kinds = {holder.kind for holder in entry.holders.values()} or {_KIND_OF[family]}
             kind = Kind.WRITE if Kind.WRITE in kinds else min(kinds, key=lambda k: k.value)
             holders = tuple(
-                HolderInfo(owner, max(holder.expires_at - now, 0.0))
+                HolderInfo(owner, max(holder.expires_at - now, 0.0), holder.identity)
                 for owner, holder in entry.holders.items()
             )
             # A fair waiter is both in the queue and waiting: count it once.
@@ -296,18 +304,32 @@ class MemoryBackend:
             found.append(LockInfo(name, kind, holders, entry.token, waiters))
         return found
 
+    async def namespaces(self) -> list[str]:
+        """The namespaces with a holder or a waiter in this store."""
+        now = asyncio.get_running_loop().time()
+        found = set()
+        for (ns, _, _), entry in list(self._store.entries.items()):
+            entry.purge(now)
+            if not entry.empty():
+                found.add(ns)
+        return sorted(found)
+
     async def break_lock(self, spec: LockSpec) -> int:
         """Drop every holder of ``spec``'s lock, as if their leases expired.
 
-        The holders' next renewal is refused, so their watchdogs report the loss. Waiters are
-        woken. Returns how many holders were dropped.
+        The holders are told at once (their loss signals), so their bodies are cancelled.
+        Waiters are woken. Returns how many holders were dropped.
         """
         entry = self._store.entries.get(self._key(spec))
         if entry is None or not entry.holders:
             return 0
         dropped = len(entry.holders)
+        holders = list(entry.holders.values())
         entry.holders.clear()
         entry.wake_all()
+        for holder in holders:  # told at once, as the server backends tell theirs
+            if holder.lost is not None:
+                holder.lost.set()
         return dropped
 
     # ------------------------------------------------------------------ internals

@@ -1,25 +1,10 @@
 """The command line: ``python -m aiodlock COMMAND``, also installed as the ``aiodlock`` script.
 
-This package owns the argument parser and the list of commands, :data:`COMMANDS`. Each command
-is one module of this package (see :class:`Command`), an application of aiodlock's public API
-like any other; adding a command is adding its module to :data:`COMMANDS`.
-
-Commands:
-
-``demo``
-    The oversell demo: concurrent buyers with and without a lock, on ``memory://`` or on Redis
-    (``--url redis://HOST:PORT/DB --processes N``). Exits 0 when the locked run is exact.
-
-``inspect``
-    Every lock held now in a namespace: name, kind, fencing token, waiters, holders and their
-    remaining lease (``--json`` for JSON). See :mod:`aiodlock.cli.inspect`.
-
-``break``
-    Force-release one lock, moving its fencing token on; asks first unless ``--yes``. See
-    :mod:`aiodlock.cli.breaking`.
-
-Errors go to stderr as one line, never a traceback; exit status 2 for bad usage (a bad URL),
-1 when the service fails.
+This package owns the argument parser and :data:`COMMANDS`. Each command is one module of it
+(see :class:`Command`), an application of aiodlock's public API like any other; adding a
+command is adding its module to :data:`COMMANDS`. The commands — ``demo`` (the oversell demo),
+``inspect``, ``break`` and ``run`` (a program run while holding a lock) — their output and exit
+statuses: docs/operations.md. Errors go to stderr as one line, never a traceback.
 
 Example::
 
@@ -27,6 +12,7 @@ Example::
     python -m aiodlock demo --url redis://127.0.0.1:6379/0 --buyers 500 --processes 4
     python -m aiodlock inspect redis://127.0.0.1:6379/0 --namespace shop 'order:*'
     python -m aiodlock break redis://127.0.0.1:6379/0 order:42 --namespace shop --yes
+    python -m aiodlock run redis://127.0.0.1:6379/0 nightly --timeout 0 -- ./job.sh
 """
 
 from __future__ import annotations
@@ -39,7 +25,7 @@ from typing import Final, Protocol
 
 import aiodlock
 
-from . import breaking, demo, inspect
+from . import breaking, demo, inspect, running
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -74,7 +60,7 @@ class Command(Protocol):
         ...
 
 
-COMMANDS: Final[tuple[Command, ...]] = (demo, inspect, breaking)
+COMMANDS: Final[tuple[Command, ...]] = (demo, inspect, breaking, running)
 """The commands, in the order ``--help`` lists them: one module each."""
 
 

@@ -1,5 +1,5 @@
-"""What the operator commands (``inspect``, ``break``) share: the URL and namespace options,
-the client they open, and how a failure is reported.
+"""What the commands that open a client (``inspect``, ``break``, ``run``) share: the URL and
+namespace options, the client they open, and how a failure is reported.
 
 Unix conventions: output on stdout, every error on stderr as one line
 ``PROG: error: MESSAGE`` and never a traceback; exit status 2 for bad usage (a bad URL, an

@@ -1,24 +1,15 @@
 """The ``break`` command: force-release a lock, whoever holds it.
 
 ``python -m aiodlock break URL NAME [--namespace NS] [--kind KIND] [--yes]`` drops every
-holder of one lock and moves its fencing token on, so the broken holder's fenced writes are
-refused; its watchdog reports the loss within its renewal interval (its guarded body is
-cancelled with :class:`aiodlock.LockLostError`) and the next waiter gets the lock. What that
-takes on each backend is in docs/operations.md (Redis and ZooKeeper delete the holders' keys or
-nodes; MySQL and PostgreSQL end the holding sessions). It uses
-:meth:`aiodlock.LockClient.break_lock`.
-
-It asks for confirmation on a terminal unless ``--yes`` is given, and refuses to run without
-``--yes`` when stdin is not a terminal (a script must say what it means).
+holder of one lock and moves its fencing token on, through
+:meth:`aiodlock.LockClient.break_lock`; it asks for confirmation on a terminal unless ``--yes``,
+and refuses to run off one without it. What it takes per backend, and the exit statuses (1
+also when the lock was not held, as ``pkill`` does): docs/operations.md.
 
 Example::
 
     $ python -m aiodlock break redis://127.0.0.1:6379/0 order:42 --namespace shop --yes
     broke mutex 'order:42' in namespace 'shop': 1 holder dropped
-
-Exit status 0 when holders were dropped, 1 when the lock was not held (nothing to break, as
-``pkill`` does when nothing matches), when the service fails or when the answer was not yes,
-2 for bad usage.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ import sys
 from typing import Final
 
 import aiodlock
-from aiodlock.backends import Kind
+from aiodlock import Kind
 
 from ._operator import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_target, open_client, run_reporting
 

@@ -4,26 +4,12 @@ This module owns the buyers, the runs without and with the lock, the report and 
 options; where the stock is kept (and the fenced write) is :mod:`aiodlock.cli._stock`. Like
 any application, it uses aiodlock's public API only.
 
-A shop has ``--stock`` items of one product and ``--buyers`` concurrent buyers. Every buyer
-reads the stock, thinks for a moment (``await asyncio.sleep``: a payment call, a slow query),
-and then, if the stock it read was positive, writes ``stock - 1`` and counts a sale.
-
-* **No lock**: every buyer reads before any buyer writes, so they all see stock left and they
-  all sell. The product is oversold and the final stock is wrong (the writes overwrite each
-  other: lost updates).
-* **With lock**: ``async with locks.lock("stock:sku-1") as lease:`` around read-think-write.
-  Exactly ``--stock`` items are sold and the final stock is 0.
-
-The stock record also keeps the newest fencing token that wrote it, and refuses a write that
-carries an older one: that check, made by the data store rather than by the lock, is what makes
-a paused holder whose lease has run out harmless. With ``memory://`` the stock is a Python object
-guarded by :class:`aiodlock.FencingGuard`; with ``redis://`` (also ``rediss://``, ``unix://``)
-it is kept in Redis keys through redis-py — the data is the application's — and the fenced write
-is the Lua compare-and-set ``FENCED_WRITE`` in :mod:`aiodlock.cli._stock`. Only a shared store
-lets several processes sell from the same stock, so ``--processes N`` needs a Redis URL.
-
-Exit status: 0 when the locked run sold exactly what was in stock, 1 when it did not (that would
-be a bug in aiodlock), 2 for bad usage or when the demo could not run (service unreachable).
+``--buyers`` concurrent buyers read the stock, think, and write ``stock - 1``: without a lock
+they oversell (lost updates); with ``async with locks.lock("stock:sku-1")`` around
+read-think-write they sell exactly ``--stock``. The stock also refuses writes with an older
+fencing token. ``--processes N`` needs a Redis URL (a shared store). Exit status 0 when the
+locked run was exact, 1 when not (a bug in aiodlock), 2 for bad usage or an unreachable
+service. The whole story: docs/operations.md.
 """
 
 from __future__ import annotations

@@ -6,14 +6,11 @@
   (``pip install 'aiodlock[aiohttp]'``).
 
 Each module imports its framework; this package and ``import aiodlock`` import neither. Both
-answer the same way when the lock cannot be had or kept (see ``docs/integrations.md``):
-
-=================================  ======  =================================================
-``LockTimeoutError``               423     busy past ``timeout``; ``Retry-After`` says when
-                                           to try again
-``LockLostError``                  503     the lease was lost: the handler was cancelled
-``BackendError``                   503     the lock service is down; ``Retry-After``
-=================================  ======  =================================================
+answer alike when the lock cannot be had or kept (docs/integrations.md): ``LockTimeoutError``
+(busy past ``timeout``) is 423 with ``Retry-After``; ``LockLostError`` (the lease was lost:
+the handler was cancelled) and ``BackendError`` (the lock service is down) are 503 with
+``Retry-After``. The bodies are generic ("locked", "lock service unavailable") and the error
+goes to the log; ``hold(detail=...)`` chooses the words.
 """
 
 __all__: list[str] = []

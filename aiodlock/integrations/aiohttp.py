@@ -1,31 +1,18 @@
 """aiohttp glue: one lock client per app, a lock held around a handler.
 
-``setup(app, url)`` registers a ``cleanup_ctx`` that opens the client when the app starts and
-closes it when the app stops; the client is ``app[LOCKS]`` (a typed ``web.AppKey``). The
-``hold()`` decorator holds a lock, named from ``request.match_info``, for the handler's whole
-run and passes it the lease::
-
-    from aiohttp import web
-
-    import aiodlock
-    from aiodlock.integrations.aiohttp import LOCKS, hold, setup
+``setup(app, url)`` opens the client (``app[LOCKS]``) for the app's life; ``hold()`` holds a
+lock named from ``request.match_info`` for the handler's whole run and passes it the lease.
+The answers (423, 503, a generic ``detail`` unless ``hold(detail=...)`` chooses; the exception
+goes to the log) and the startup checks: docs/integrations.md. Example::
 
     app = web.Application()
     setup(app, "redis://127.0.0.1:6379/0", namespace="shop")
 
     @hold("order:{order_id}", timeout=5)
     async def add_item(request: web.Request, lease: aiodlock.Lease) -> web.Response:
-        ...  # only one request per order runs this, across every process
         return web.json_response({"fencing_token": lease.fencing_token})
 
     app.router.add_post("/orders/{order_id}/items", add_item)
-
-The answers are those of the FastAPI integration: busy past ``timeout`` → **423 Locked** with
-``Retry-After``; the lock service down → **503** with ``Retry-After``; the lease lost while
-the handler runs → the handler is **cancelled** at its next ``await`` (the lock is held with
-``async with`` in the request's task) and the client gets **503**. Each is a small JSON body
-``{"detail": ...}``. A route whose template names a field that is not in its path is refused
-when the app starts (``ValueError``), never locked under the literal text.
 """
 
 from __future__ import annotations
@@ -37,9 +24,9 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 
 from .. import Lease, LockClient, LockError, connect
-from ._common import LockRecipe, answer_for
+from ._common import DetailHook, LockRecipe, answer_for, check_backend, default_detail
 
-__all__ = ["LOCKS", "hold", "setup"]
+__all__ = ["LOCKS", "default_detail", "hold", "setup"]
 
 R = TypeVar("R", bound=web.StreamResponse)
 Handler = Callable[[web.Request], Awaitable[R]]
@@ -55,7 +42,8 @@ def setup(app: web.Application, url: str | None = None, **options: Any) -> None:
 
     Registers a ``cleanup_ctx``: the client opens at startup (after the contexts registered
     before it, so register this one first if your own contexts need locks) and closes at
-    shutdown. At startup it also checks the templates of every :func:`hold` route.
+    shutdown. At startup it also checks every :func:`hold` route: a template field its path
+    lacks is a ``ValueError``, a lock the backend cannot provide an ``UnsupportedError``.
 
     Args:
         url: as for :func:`aiodlock.connect` (``memory://`` when omitted).
@@ -69,6 +57,7 @@ def setup(app: web.Application, url: str | None = None, **options: Any) -> None:
     async def locks_context(app: web.Application) -> AsyncIterator[None]:
         check_routes(app)
         async with connect(url, **options) as locks:
+            check_backend(locks, held_routes(app))
             app[LOCKS] = locks
             yield
 
@@ -81,6 +70,7 @@ def hold(
     kind: str = "mutex",
     limit: int | None = None,
     retry_after: int = 1,
+    detail: DetailHook | None = None,
     **lock_options: Any,
 ) -> Callable[[Callable[[web.Request, Lease], Awaitable[R]]], Handler[R]]:
     """Decorate a handler ``(request, lease)`` to run holding the lock its route names.
@@ -91,13 +81,23 @@ def hold(
         kind: ``"mutex"``, ``"read"``, ``"write"`` or ``"semaphore"`` (needs ``limit``).
         limit: the semaphore's limit.
         retry_after: the ``Retry-After`` seconds sent with a 423 or a 503.
-        **lock_options: the lock's options (``timeout``, ``ttl``, ``max_hold``, ``fair``...).
-            Give web handlers a ``timeout``: ``None`` waits as long as the lock is busy.
+        detail: ``(exception) -> str``, the ``detail`` of a 423/503 body. By default
+            :func:`default_detail`: ``"locked"``, ``"lock lost while handling the request"``,
+            ``"lock service unavailable"`` -- never the service's URL or its driver's error,
+            which are logged instead (``aiodlock.integrations``, one line: WARNING for a 503,
+            INFO for a 423).
+        **lock_options: the lock's options (``timeout``, ``ttl``, ``max_hold``, ``fair``...),
+            checked here as the client checks them. Give web handlers a ``timeout``: ``None``
+            waits as long as the lock is busy.
 
     Returns:
         A decorator; the decorated handler takes ``request`` only, as aiohttp calls it.
+
+    Raises:
+        TypeError, ValueError: a bad template, kind, limit or lock option, with the client's
+            message, here rather than on every request.
     """
-    recipe = LockRecipe.make(name_template, kind, limit, dict(lock_options), retry_after)
+    recipe = LockRecipe.make(name_template, kind, limit, dict(lock_options), retry_after, detail)
 
     def decorate(handler: Callable[[web.Request, Lease], Awaitable[R]]) -> Handler[R]:
         @functools.wraps(handler)
@@ -111,7 +111,7 @@ def hold(
                 async with lock as lease:
                     return await handler(request, lease)
             except LockError as exc:
-                answer = answer_for(exc, recipe.retry_after)
+                answer = answer_for(exc, recipe, f"{request.method} {request.path}")
                 if answer is None:
                     raise
                 return web.json_response(
@@ -139,6 +139,17 @@ def check_routes(app: web.Application) -> None:
             problems.append(_missing_message(recipe, missing, route.resource.canonical))
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def held_routes(app: web.Application) -> list[tuple[str, LockRecipe]]:
+    """Each ``(route path, recipe)`` of a :func:`hold` handler in the app."""
+    held = []
+    for route in app.router.routes():
+        recipe = getattr(route.handler, _RECIPE_ATTRIBUTE, None)
+        if isinstance(recipe, LockRecipe):
+            path = route.resource.canonical if route.resource is not None else "?"
+            held.append((path, recipe))
+    return held
 
 
 def _missing_message(recipe: LockRecipe, missing: list[str], path: str) -> str:

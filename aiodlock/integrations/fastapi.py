@@ -1,14 +1,11 @@
 """FastAPI (and Starlette) glue: one lock client per app, a lock held around a handler.
 
-Open the client with the app's lifespan, and declare the lock a handler needs as a
-dependency; its name is made from the path parameters::
-
-    from typing import Annotated
-
-    from fastapi import FastAPI
-
-    import aiodlock
-    from aiodlock.integrations.fastapi import hold, lifespan
+The client opens with the app's lifespan; a handler declares its lock as a dependency named
+from the path parameters. Busy past ``timeout`` is 423, a service down or a lease lost under
+the handler (cancelled at its next ``await``) 503, both with ``Retry-After`` and a generic
+``detail`` (``hold(detail=...)`` chooses another; the exception goes to the log). ``hold()`` is
+already ``Depends(..., scope="function")``: use it bare, not inside ``Depends()``; why:
+docs/integrations.md. Example::
 
     app = FastAPI(lifespan=lifespan("redis://127.0.0.1:6379/0", namespace="shop"))
 
@@ -17,26 +14,6 @@ dependency; its name is made from the path parameters::
         order_id: int, lease: Annotated[aiodlock.Lease, hold("order:{order_id}", timeout=5)]
     ) -> dict[str, int]:
         ...  # only one request per order runs this, across every worker process
-
-What the client gets when the lock cannot be had or kept:
-
-* busy past ``timeout`` (:class:`~aiodlock.LockTimeoutError`) → **423 Locked** with
-  ``Retry-After``;
-* the lock service is down (:class:`~aiodlock.BackendError`) → **503** with ``Retry-After``;
-* the lease is lost while the handler runs → the handler is **cancelled** at its next
-  ``await`` (as inside ``async with lock:``) and the client gets **503** with
-  ``Retry-After``. A handler that finishes although its lease was lost under it also gets
-  503: part of it ran unprotected.
-
-How the loss reaches the handler: the dependency holds the lock with ``async with`` in the
-request's task, so the core's loss guard cancels that task; FastAPI unwinds the handler and
-throws the ``CancelledError`` into the dependency, whose ``async with`` turns it into
-:class:`~aiodlock.LockLostError`, answered as 503. This needs the dependency to end *before*
-the response is sent, which is why :func:`hold` returns ``Depends(..., scope="function")``
-(FastAPI 0.121 or later); a cancellation from outside (the client went away, the server is
-stopping) stays a cancellation.
-
-See ``docs/integrations.md`` for the whole story.
 """
 
 from __future__ import annotations
@@ -45,14 +22,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, params
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 
 from .. import Lease, LockClient, LockError, connect
-from ._common import LockRecipe, answer_for
+from ._common import DetailHook, LockRecipe, answer_for, check_backend, default_detail
 
-__all__ = ["hold", "lifespan", "lock_client"]
+__all__ = ["default_detail", "hold", "lifespan", "lock_client"]
 
 STATE_NAME: Final = "locks"
 """The client lives on ``app.state.locks`` (and on ``request.state.locks``, via lifespan state)."""
@@ -78,7 +55,8 @@ def lifespan(
     Or call it from inside your own lifespan: ``async with lifespan(url)(app): yield``.
 
     At startup it also checks every route that uses :func:`hold`: a name template field that
-    is not one of the route's path parameters is a ``ValueError`` there, before any request.
+    is not one of the route's path parameters is a ``ValueError`` there, before any request, and
+    a lock the backend cannot provide (``fair=True`` on ``redlock://``) an ``UnsupportedError``.
 
     Args:
         url: as for :func:`aiodlock.connect` (``memory://`` when omitted).
@@ -93,6 +71,7 @@ def lifespan(
     async def run(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
         check_routes(app)
         async with connect(url, **options) as locks:
+            check_backend(locks, held_routes(app))
             setattr(app.state, STATE_NAME, locks)
             try:
                 if inner is None:
@@ -137,7 +116,8 @@ class _Hold:
             async with lock as lease:
                 yield lease
         except LockError as exc:
-            answer = answer_for(exc, recipe.retry_after)
+            where = f"{request.method} {request.url.path}"
+            answer = answer_for(exc, recipe, where)
             if answer is None:
                 raise
             raise HTTPException(answer.status, answer.detail, headers=answer.headers()) from exc
@@ -146,17 +126,44 @@ class _Hold:
         return f"hold({self.recipe.template.template!r}, kind={self.recipe.kind!r})"
 
 
+class _HoldDepends(params.Depends):
+    """What :func:`hold` returns: FastAPI's ``Depends(_Hold, scope="function")``, which also
+    refuses to be wrapped in another ``Depends()``.
+
+    ``Depends(hold(...))`` would make the marker itself the dependency; FastAPI reads its
+    signature when the route is declared, and this one raises a ``TypeError`` that says what
+    to write instead (a working wrapper would have FastAPI's default scope, which releases the
+    lock only after the response is sent: a loss could no longer change the answer).
+    """
+
+    @property
+    def __signature__(self) -> Any:
+        raise TypeError(self._message())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # reached only by hand
+        raise TypeError(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"Depends({self.dependency!r}): hold() already returns the dependency "
+            "(Depends(..., scope='function')); use it bare, as in "
+            "`lease: Annotated[aiodlock.Lease, hold(...)]` or `lease: aiodlock.Lease = hold(...)`"
+        )
+
+
 def hold(
     name_template: str,
     *,
     kind: str = "mutex",
     limit: int | None = None,
     retry_after: int = 1,
+    detail: DetailHook | None = None,
     **lock_options: Any,
 ) -> Any:
     """A dependency holding a lock for the handler's whole run; its value is the ``Lease``.
 
-    Use it as a parameter's default or in ``Annotated``::
+    Use it bare, as a parameter's default or in ``Annotated`` -- it already is the
+    ``Depends(...)``, so ``Depends(hold(...))`` is a ``TypeError`` when the route is declared::
 
         @app.put("/catalog/{shop}")
         async def rebuild(
@@ -174,16 +181,26 @@ def hold(
             (needs ``limit``).
         limit: the semaphore's limit.
         retry_after: the ``Retry-After`` seconds sent with a 423 or a 503.
+        detail: ``(exception) -> str``, the ``detail`` of a 423/503 body. By default
+            :func:`default_detail`: ``"locked"``, ``"lock lost while handling the request"``,
+            ``"lock service unavailable"`` -- never the service's URL or its driver's error,
+            which are logged instead (``aiodlock.integrations``, one line: WARNING for a 503,
+            INFO for a 423).
         **lock_options: the lock's options (``timeout``, ``ttl``, ``max_hold``, ``reentrant``,
-            ``fair``...). Give web handlers a ``timeout``: the client's default may be
-            ``None``, which waits as long as the lock is busy.
+            ``fair``...), checked here as the client checks them. Give web handlers a
+            ``timeout``: the client's default may be ``None``, which waits as long as the lock
+            is busy.
 
     Returns:
         ``Depends(...)``, scoped to the handler function (its exit runs before the response
         is sent, so a loss or a late error still changes the answer).
+
+    Raises:
+        TypeError, ValueError: a bad template, kind, limit or lock option, with the client's
+            message, here rather than on every request.
     """
-    recipe = LockRecipe.make(name_template, kind, limit, dict(lock_options), retry_after)
-    return Depends(_Hold(recipe), scope="function")
+    recipe = LockRecipe.make(name_template, kind, limit, dict(lock_options), retry_after, detail)
+    return _HoldDepends(_Hold(recipe), scope="function")
 
 
 def check_routes(app: FastAPI) -> None:
@@ -193,17 +210,34 @@ def check_routes(app: FastAPI) -> None:
         if not isinstance(route, APIRoute):
             continue
         params = set(route.param_convertors)
-        stack = [route.dependant]
-        while stack:
-            dependant = stack.pop()
-            stack.extend(dependant.dependencies)
-            call = dependant.call
-            if isinstance(call, _Hold):
-                missing = call.recipe.template.missing(params)
-                if missing:
-                    problems.append(_missing_message(call.recipe, missing, route.path))
+        for recipe in _recipes(route):
+            missing = recipe.template.missing(params)
+            if missing:
+                problems.append(_missing_message(recipe, missing, route.path))
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def held_routes(app: FastAPI) -> list[tuple[str, LockRecipe]]:
+    """Each ``(route path, recipe)`` of a :func:`hold` in the app."""
+    return [
+        (route.path, recipe)
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for recipe in _recipes(route)
+    ]
+
+
+def _recipes(route: APIRoute) -> list[LockRecipe]:
+    """The recipes of the route's :func:`hold` dependencies, however deep."""
+    found = []
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        stack.extend(dependant.dependencies)
+        if isinstance(dependant.call, _Hold):
+            found.append(dependant.call.recipe)
+    return found
 
 
 def _missing_message(recipe: LockRecipe, missing: list[str], path: str) -> str:

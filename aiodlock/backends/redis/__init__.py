@@ -1,27 +1,9 @@
-"""The Redis backend: ``redis://``, ``rediss://`` (TLS), ``unix:///path.sock?db=N``,
-``redis+sentinel://`` (Sentinel) and ``redis+cluster://`` (Redis Cluster).
+"""The Redis backends: :class:`RedisBackend` for ``redis://``, ``rediss://`` (TLS),
+``unix:///path.sock?db=N``, ``redis+sentinel://`` and ``redis+cluster://``, and
+:class:`RedlockBackend` for ``redlock://`` (N independent masters).
 
-The entry point is :class:`RedisBackend` (``aiodlock.backends.redis:RedisBackend``). It is
-built from separate pieces, each module owning one of them; imports run one way, top to
-bottom::
-
-    _redlock   RedlockBackend: redlock://, N independent masters, one NodeSource each
-    _redlock_inspect  what its inspect() reads on one master
-    _quorum_waiter    its waiter: one pub/sub waiter per master, armed on a majority
-    _quorum    Round: one request fanned out to every master, replies collected
-    _backend   RedisBackend: the backend protocol, composing the pieces below
-    _sharded   sharded pub/sub wakeups on a cluster: one _pubsub hub per master
-    _pubsub    pub/sub wakeups: one connection for every waiter (the default)
-    _blpop     BLPOP wakeups: a signal list and a connection per waiting acquisition
-    _wait      the rules both wakeup mechanisms follow, and their timed sleep
-    _cluster   ClusterSource: Redis Cluster, routed by slot (a NodeSource otherwise)
-    _sentinel  SentinelSource: the master behind Sentinel (a NodeSource otherwise)
-    _node      NodeSource: one server (URL -> settings, pool, side connections)
-    _source    ConnectionSource: how the other modules reach the server(s)
-    _errors    redis-py exceptions -> BackendError, password-free
-    _slots     which queued command gets the next connection (releases first)
-    _scripts   the Lua scripts, one named constant per atomic step, and EVALSHA dispatch
-    _keys      the key layout of one lock name (the ``{ns:name}`` hash tag)
+Each module owns one piece (the module map and the design are in docs/redis.md, "Design
+notes", and docs/redlock.md).
 
 Example::
 

@@ -1,20 +1,15 @@
 """BLPOP wakeups (``wakeup="blpop"``): :class:`BlockingSignals` and its :class:`BlpopWaiter`.
 
-Each ``wait()`` blocks in ``BLPOP <signal list> <timeout>`` on a connection of its own:
-one connection per concurrently waiting acquisition, which is the price of this mode
-(use it where pub/sub is unavailable or filtered). Arming registers the owner in the
-list's waiter registry (a ZSET); releases LPUSH a token only while that registry exists,
-so a release with nobody waiting writes nothing, and a release that happens before the
-BLPOP is kept in the list (level-triggered by construction). The last waiter to leave
-deletes the registry and any unused token. There is no broadcast: readers wake in a
-chain (each reader let in after a wakeup passes one token on, see ``READ_ACQUIRE``), and
-each fair waiter blocks on its own list.
+Each ``wait()`` blocks in ``BLPOP <signal list> <timeout>`` on a connection of its own (one
+per waiting acquisition). Arming registers the owner in the list's waiter registry; releases
+push a token only while that registry exists, so the wakeup is level-triggered. The scripts
+that arm, leave and hand back are the backend's (:class:`SignalCommands`). docs/redis.md
+("BLPOP wakeups") has the details.
 
-The connections come from the backend's :class:`~._source.ConnectionSource`, each to the
-server that holds its list (on Redis Cluster, the master of the list's slot; idle ones are
-kept per server); the scripts that
-arm, leave and hand back are run by the backend behind :class:`SignalCommands`. The rules
-both wakeup mechanisms follow are in :mod:`._wait`.
+Example::
+
+    async with signals.waiter(keys.signal, owner, registry=keys.mutex_waiters) as waiter:
+        await waiter.wait(timeout=remaining_lease)
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from redis.exceptions import RedisError
 
-from ..._exceptions import BackendError
+from .. import BackendError
 from ._scripts import WAIT_SLICE_MS, WAITERS_TTL_MS
 from ._source import disconnect_quietly
 from ._wait import sleep_on
@@ -96,7 +91,7 @@ class BlockingSignals:
         self._commands = commands
         self._connect_timeout = source.connect_timeout
         # How long past its server-side timeout a BLPOP reply may take: one command's time.
-        self._grace = source.socket_timeout
+        self._grace = source.request_timeout
         self._spawn = spawn
         self._clean_up = clean_up  # a background task the backend's settle() waits for
         self._where = source.describe()
@@ -307,9 +302,7 @@ class BlpopWaiter:
         try:
             if after is not None:
                 await asyncio.wait((after,))
-            await self._sigs._commands.leave_waiter(
-                self._registry or b"", self._lists, self._owner
-            )
+            await self._sigs._commands.leave_waiter(self._registry or b"", self._lists, self._owner)
         finally:
             if counted:
                 self._uncount()

@@ -20,7 +20,7 @@ from types import TracebackType
 import redis.asyncio.connection
 from redis.exceptions import RedisClusterException, RedisError
 
-from ..._exceptions import BackendError, LockError
+from .. import BackendError, LockError
 
 __all__ = ["ErrorMap"]
 
@@ -53,7 +53,7 @@ class ErrorMap:
         if exc is None or isinstance(exc, LockError):
             return
         # OSError includes TimeoutError; RedisClusterException: a slot no master serves.
-        if isinstance(exc, RedisError | RedisClusterException | OSError):
+        if isinstance(exc, RedisError | RedisClusterException | OSError) or _closed_transport(exc):
             detail = str(exc)
             if not detail and isinstance(exc, TimeoutError):
                 detail = f"no reply within {self._limit} s"
@@ -65,13 +65,26 @@ class ErrorMap:
             ) from exc
 
 
+def _closed_transport(exc: BaseException) -> bool:
+    """uvloop's ``RuntimeError`` for a write to a transport that has just closed (a killed
+    server), raised through redis-py's connection, which lets it out untranslated: a lost
+    connection, not a programming error."""
+    return isinstance(exc, RuntimeError) and _raised_in_connection(exc)
+
+
 def _while_connecting(exc: BaseException) -> bool:
     """Whether redis-py raised ``exc`` while making a connection, before any command was
     written to it (so a lock step that failed so did nothing on the server)."""
+    return _raised_in_connection(exc, function="connect_check_health")
+
+
+def _raised_in_connection(exc: BaseException, function: str | None = None) -> bool:
+    """Whether ``exc`` passed through redis-py's connection module (through ``function``
+    of it, if given) on its way up."""
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_name == "connect_check_health" and code.co_filename == _CONNECTION_MODULE:
+        if code.co_filename == _CONNECTION_MODULE and function in (None, code.co_name):
             return True
         tb = tb.tb_next
     return False

@@ -1,54 +1,47 @@
-"""The key layout of the Redis backend: which keys one lock name owns, and what each holds.
+"""The key layout of the Redis backend: which keys one lock name owns (:class:`Keys`).
 
-A lock ``name`` in namespace ``ns`` owns keys that all start with the hash tag ``{ns:name}``
-(``T`` below), so each script touches a single slot and works on Redis Cluster::
+Every key of a lock ``name`` in namespace ``ns`` starts with the hash tag ``{ns:name}``, so each
+script touches one slot (Redis Cluster). The table of keys, their types and TTLs, and why the
+fencing counter outlives its lock, are in docs/redis.md ("The key layout").
 
-    T                STRING  mutex owner                                     (PX = lease)
-    T:fence          STRING  INCR counter of fencing tokens, all families    (PX = fence_ttl)
-    T:queue          LIST    fair mutex: waiting owners, arrival order       (PEXPIREAT)
-    T:qdeadline      ZSET    fair mutex: owner -> liveness deadline, ms      (PEXPIREAT)
-    T:qclients       HASH    fair mutex, pub/sub mode: owner -> client id    (PEXPIREAT)
-    T:note           STRING  mutex: "OWNER\nNOTE", a holder's note (leader)  (PX = ttl given)
-    T:yield          STRING  mutex: client that released it to waiting others (PX 30 ms)
-    T:run            STRING  pub/sub mode: client taking a mutex in a run        (PX 10 ms)
-    T:signal         mutex pub/sub channel; BLPOP mode: LIST of wake tokens  (PEXPIRE)
-    T:signal:OWNER   BLPOP mode: the wake token of one fair waiter           (PEXPIRE)
-    T:signal:CLIENT  pub/sub mode: the mutex channel of one client's waiters (fair ones too)
-    T:clients        pub/sub mode: ZSET client id -> when it registered, ms  (PEXPIRE)
-    T:waiters        BLPOP mode: ZSET of owners blocked on T:signal          (PEXPIRE)
-    T:writer         STRING  read-write lock: the writer                     (PX = lease)
-    T:readers        ZSET    read-write lock: owner -> lease expiry, ms      (PEXPIREAT)
-    T:rw:signal      read-write channel; BLPOP mode: the writers' tokens     (PEXPIRE)
-    T:rw:rsignal     BLPOP mode: the readers' tokens                         (PEXPIRE)
-    T:rw:waiters     BLPOP mode: ZSET of blocked readers and writers         (PEXPIRE)
-    T:sem            ZSET    semaphore: permit owner -> lease expiry, ms     (PEXPIREAT)
-    T:sem:limit      STRING  semaphore: the limit its holders use            (PEXPIREAT of T:sem)
-    T:sem:signal     semaphore channel; BLPOP mode: LIST of wake tokens      (PEXPIRE)
-    T:sem:waiters    BLPOP mode: ZSET of owners blocked on T:sem:signal      (PEXPIRE)
+Example::
 
-Times in ZSET scores are server milliseconds. The mutex, the read-write lock and the semaphore
-of one name are independent families (as on every backend), sharing only the fencing counter.
-``T:sem:limit`` always expires with ``T:sem`` (and is deleted with its last permit): while
-permits are held, an acquire asking for another limit is refused; once none is, any limit is
-accepted.
-
-Names are opaque: ``{``, ``}``, spaces and unicode are fine. No suffix contains ``}``, so the
-last ``}`` of any key closes the name: two different names can never produce the same key,
-however odd the names are.
-
-``T:fence`` outlives its lock by ``fence_ttl`` (default 7 days, refreshed on every grant; 0:
-forever). A missing counter -- expired, or lost with a restart or failover -- starts again from
-the server clock in microseconds (see :mod:`._scripts`), so tokens keep increasing and a fenced
-resource keeps accepting new holders. Every other key carries a TTL or is deleted when it
-empties, so nothing is orphaned once holders and waiters are gone, and nothing per lock name
-lives forever.
+    keys = keys_for("shop", "order:42")
+    keys.mutex  # b"{shop:order:42}"
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Final
 
-__all__ = ["Keys", "keys_for", "namespace_match", "split_key", "wake_next_keys"]
+from .. import Kind
+
+__all__ = [
+    "ANY_NAMESPACE_MATCH",
+    "HELD_SUFFIXES",
+    "Keys",
+    "break_args",
+    "broken_channel",
+    "held_key",
+    "keys_for",
+    "namespace_in_use",
+    "namespace_match",
+    "split_key",
+    "wake_next_keys",
+]
+
+HELD_SUFFIXES: Final = frozenset({b"", b":writer", b":readers", b":sem"})
+"""Key suffixes of a name whose locks may be held."""
+
+_WAITED_SUFFIXES: Final = frozenset(
+    {b":queue", b":waiters", b":rw:waiters", b":sem:waiters", b":clients"}
+)
+"""Key suffixes of a name with waiters the server knows of (a fair queue, the registries)."""
+
+ANY_NAMESPACE_MATCH: Final = "{*"
+"""A SCAN ``MATCH`` pattern for the keys of every namespace (and, alas, any other key that
+starts with ``{``: :func:`namespace_in_use` tells them apart)."""
 
 
 class Keys:
@@ -150,7 +143,14 @@ class Keys:
         self.wake_next = (tag, self.clients, self.signal)
         self.mutex_handoff = (tag, fence, self.yield_, self.clients, self.signal, self.run)
         self.break_mutex = (
-            tag, fence, self.note, self.signal, self.mutex_waiters, queue, self.clients, qclients
+            tag,
+            fence,
+            self.note,
+            self.signal,
+            self.mutex_waiters,
+            queue,
+            self.clients,
+            qclients,
         )
         self.break_rw = (
             self.writer,
@@ -213,3 +213,51 @@ def split_key(namespace: str, key: bytes) -> tuple[str, bytes] | None:
     if not key.startswith(prefix) or end < len(prefix):
         return None
     return key[len(prefix) : end].decode("utf-8", "surrogatepass"), key[end + 1 :]
+
+
+def namespace_in_use(key: bytes) -> str | None:
+    """The namespace of ``key`` if it is one a lock is held or waited for with (a holder's
+    key, a fair queue, a waiter registry); ``None`` for any other key, ours (a fencing
+    counter, an identity hash) or not. A namespace holds no ``:``, ``{`` or ``}``: the first
+    ``:`` ends it, the last ``}`` closes the name."""
+    colon, end = key.find(b":"), key.rfind(b"}")
+    if not key.startswith(b"{") or colon < 2 or end < colon:
+        return None
+    namespace = key[1:colon]
+    if b"{" in namespace or b"}" in namespace or key[end + 1 :] not in _IN_USE_SUFFIXES:
+        return None
+    return namespace.decode("utf-8", "surrogatepass")
+
+
+_IN_USE_SUFFIXES: Final = HELD_SUFFIXES | _WAITED_SUFFIXES
+
+
+def break_args(kind: Kind, keys: Keys) -> tuple[str, tuple[bytes, ...]]:
+    """What ``BREAK`` takes to break the family of ``kind``: its letter and its keys."""
+    if kind is Kind.MUTEX:
+        return "m", keys.break_mutex
+    if kind is Kind.SEMAPHORE:
+        return "s", keys.break_sem
+    return "rw", keys.break_rw
+
+
+@functools.lru_cache(maxsize=64)
+def broken_channel(namespace: str) -> bytes:
+    """``{ns:}:broken``: where ``BREAK`` publishes the owners it dropped, for their clients.
+
+    One channel per namespace, not per lock: a holder's client listens once (see
+    :mod:`._losses`). It starts like every key and channel of the namespace (``{ns:``), so
+    an ACL that lets a user at ``{ns:*`` lets it at this channel too.
+    """
+    return f"{{{namespace}:}}:broken".encode("utf-8", "surrogatepass")
+
+
+def held_key(kind: Kind, keys: Keys) -> bytes:
+    """The key whose deletion ends a lease of ``kind`` (for keyspace notifications)."""
+    if kind is Kind.MUTEX:
+        return keys.mutex
+    if kind is Kind.WRITE:
+        return keys.writer
+    if kind is Kind.READ:
+        return keys.readers
+    return keys.sem

@@ -14,13 +14,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Round", "consume"]
+from .. import retrieve
 
-
-def consume(fut: asyncio.Future[Any]) -> None:
-    # A reply we stopped waiting for: look at it, so asyncio never warns it went unseen.
-    if not fut.cancelled():
-        fut.exception()
+__all__ = ["Round"]
 
 
 class Round:
@@ -37,7 +33,7 @@ class Round:
         """Collect replies until ``enough(self)``, every master answered, or ``timeout``."""
         pending = {fut: i for i, fut in enumerate(self.futures)}
         for fut in pending:
-            fut.add_done_callback(consume)
+            fut.add_done_callback(retrieve)  # a reply we may stop waiting for
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while pending:

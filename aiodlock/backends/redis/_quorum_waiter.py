@@ -11,54 +11,84 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from ..._exceptions import BackendError
+from .. import BackendError
 
 if TYPE_CHECKING:
     from ._pubsub import PubSubWaiter
 
-__all__ = ["DEGRADED_POLL", "QuorumWaiter"]
+__all__ = ["DEGRADED_POLL", "LEAD_GRACE", "QuorumWaiter"]
 
 DEGRADED_POLL: Final = 0.25
 """Seconds a waiter waits at most while too few masters are subscribed to hear a release."""
+
+LEAD_GRACE: Final = 0.1
+"""Seconds a release heard from another master waits for the lead master's copy of it: a
+release the lead did not publish (its master hung, or the releaser cannot reach it) still
+wakes the waiter, this much later."""
 
 
 class QuorumWaiter:
     """A waiting acquisition subscribed on every master, armed once ``need`` confirmed.
 
     A master that does not confirm in time (down, stopped) is left to arm in the background;
-    it joins the wait once it does. Any master's wakeup wakes the waiter. While fewer than
+    it joins the wait once it does. Any master's wakeup wakes the waiter -- but with a
+    ``lead`` master (a mutex's arbiter), once for each release: a release publishes on every
+    master, and a waiter woken by each copy would ask again after each, up to three
+    attempts per release from every waiting process where one will do (the arbiter decides a
+    woken waiter's attempt anyway, see ``Masters.arbiter_first``). So while the lead's waiter
+    is armed, the wait is on it alone, and a release the other masters published more often
+    than the lead wakes it :data:`LEAD_GRACE` later (the lead's copy lost, or its master
+    silent). While fewer than
     ``need`` are armed (a majority of masters down), entering gives up after
     :data:`DEGRADED_POLL` and each wait is capped by it: the caller polls until the masters
     are back, and its attempts report them down (``BackendError``) or its deadline passes.
     """
 
-    __slots__ = ("_armed", "_left", "_need", "_spawn", "_tasks", "_waiters")
+    __slots__ = (
+        "_armed",
+        "_grace",
+        "_heard",
+        "_lead",
+        "_left",
+        "_need",
+        "_spawn",
+        "_tasks",
+        "_waiters",
+    )
 
     def __init__(
         self,
         waiters: list[PubSubWaiter],
         need: int,
-        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any] | None],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
         *,
         left: Callable[[], object] = lambda: None,
+        lead: int | None = None,
     ) -> None:
         self._waiters = waiters
+        self._lead = None if lead is None else waiters[lead]
+        # Wakeups heard per waiter (lead mode), and the timer of an uncovered one.
+        self._heard = dict.fromkeys(waiters, 0)
+        self._grace: asyncio.TimerHandle | None = None
+        if self._lead is not None:
+            for w in waiters:
+                w.on_wake = partial(self._woke, w)
         self._need = need
         self._spawn = spawn
         self._left = left  # called once the waiter has left (entered or not)
         self._armed: list[PubSubWaiter] = []
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
-    async def _arm(self, w: PubSubWaiter) -> BaseException | None:
+    async def _arm(self, w: PubSubWaiter) -> None:
         try:
             await w.__aenter__()
-        except Exception as exc:  # a master that is down: the others may do
-            return exc
+        except Exception:  # a master that is down: the others may do
+            return
         self._armed.append(w)
-        return None
 
     async def __aenter__(self) -> QuorumWaiter:
         for w in self._waiters:
@@ -85,8 +115,37 @@ class QuorumWaiter:
     ) -> None:
         await self._leave(failed=exc_type is not None)
 
+    def _woke(self, w: PubSubWaiter) -> None:
+        """Count ``w``'s wakeup; one the lead has not matched (yet) starts the grace timer,
+        and the lead's own cancels it once it matches every other master's."""
+        self._heard[w] += 1
+        if self._uncovered():
+            if self._grace is None:
+                loop = asyncio.get_running_loop()
+                self._grace = loop.call_later(LEAD_GRACE, self._grace_over)
+        elif self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _uncovered(self) -> bool:
+        matched = 0 if self._lead is None else self._heard[self._lead]
+        return any(count > matched for count in self._heard.values())
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        lead = self._lead
+        if lead is None or not self._uncovered():
+            return  # pragma: no cover -- the lead's copy cancels the timer
+        # Woken through the lead, as its own copy would have: its count now covers them
+        # (the hook adds the one for this wakeup).
+        self._heard[lead] = max(self._heard.values()) - 1
+        lead.wake(False)
+
     async def _leave(self, *, failed: bool) -> None:
         self._left()
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
         for task in self._tasks:
             task.cancel()  # still arming: its waiter leaves as the cancellation lands
         armed, self._armed = self._armed, []
@@ -103,6 +162,9 @@ class QuorumWaiter:
         armed = list(self._armed)
         if len(armed) < self._need:
             timeout = DEGRADED_POLL if timeout is None else min(timeout, DEGRADED_POLL)
+        elif self._lead in armed and self._lead.active:
+            await self._lead_only(self._lead, armed, timeout)
+            return
         if len(armed) == 1:
             await armed[0].wait(timeout)
             return
@@ -122,3 +184,17 @@ class QuorumWaiter:
             await first
             for task in tasks:
                 task.cancel()
+
+    async def _lead_only(
+        self, lead: PubSubWaiter, armed: list[PubSubWaiter], timeout: float | None
+    ) -> None:
+        """Wait on the lead alone. The others' wakeups are counted by :meth:`_woke` as they
+        come, and used up before and after the wait (the re-check that follows covers them):
+        a waiter left flagged as woken is passed over by its hub's "wake one", and the next
+        release on that master would go unheard."""
+        others = [w for w in armed if w is not lead]
+        for w in others:
+            await w.wait(0)  # returns at once, without a loop step
+        await lead.wait(timeout)
+        for w in others:
+            await w.wait(0)

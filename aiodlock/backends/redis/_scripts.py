@@ -1,30 +1,14 @@
 """The Lua scripts of the Redis backend, one named :class:`Script` per atomic step, and how
 they are run (:func:`run`: EVALSHA, falling back to a reload on NOSCRIPT).
 
-Every lock step is one script, so it is atomic on the server and costs one round trip. The
-keys a script takes are those of one lock name, which all begin with the same hash tag
-``{ns:name}`` (``T`` below; the whole layout is in :mod:`._keys`), so every script touches a
-single slot and runs unchanged on Redis Cluster.
+Every lock step is one script on the keys of one lock name (:mod:`._keys`): atomic, one round
+trip, on one slot. Times come from the server's ``TIME``. Each script's ``KEYS`` and ``ARGV``
+are documented with it; the notification modes (``p``, ``s``, ``l``) and the one-client-at-a-
+time wakeups are explained in docs/redis.md ("The scripts").
 
-Times inside scripts come from the server (``TIME``), never from a client clock, so clients
-with skewed clocks agree on when a reader, a permit or a fair waiter has expired.
+Example::
 
-Notification modes (the ``mode`` argument): ``p`` PUBLISH on ``T:signal``; ``s`` SPUBLISH
-(sharded pub/sub, Redis >= 7, for Cluster); ``l`` LPUSH a token onto a signal list, trim it to
-``cap`` tokens and give it a short TTL (BLPOP mode) -- but only while the list's waiter registry
-exists, so a release with nobody waiting writes nothing. Pub/sub payloads: ``1`` wakes one
-local waiter, ``*`` wakes all of them, anything else is the owner id of the one fair waiter.
-
-Pub/sub mode wakes a mutex's waiters one *client* at a time: a client that waits registers in
-``T:clients`` (in the same step as the refusal that makes it wait), and a release pops the
-longest-registered client and publishes on that client's own channel ``T:signal:CLIENT``
-(:data:`WAKE_CLIENT`), rather than on ``T:signal``, which every waiting process hears and
-answers with an attempt of its own, all but one of them refused.
-
-Busy replies carry milliseconds: how long until it is worth trying again.
-
-This module knows nothing about connections: :func:`run` and :func:`load_all` take whatever
-redis-py client the caller hands in, and the caller bounds them in time.
+    done = await run(client, MUTEX_RELEASE, keys.mutex_release, owner, "p")
 """
 
 from __future__ import annotations
@@ -305,6 +289,33 @@ local function register(clients, client, lock)
 end
 """
 
+# The identity of each holder (its client's ``identity`` option, shown by INSPECT) lives in a
+# hash beside the key it holds, ``KEY:ids`` (owner -> identity), in the same slot: written by
+# the script that grants, dropped by the one that releases, breaks or purges the holder, and
+# expiring with the key, so it never outlives its holder. A separate hash leaves the lock keys,
+# their values and every comparison on them as they were (older clients share them). Every
+# acquire script takes the identity as its last ARGV, the fence ttl ms just before it.
+_IDS = """
+-- name_holder(key, owner, identity, ms): the identity of the one holder of ``key`` (mutex,
+-- writer), expiring with it
+local function name_holder(key, owner, identity, ms)
+  local ids = key .. ':ids'
+  redis.call('HSET', ids, owner, identity)
+  redis.call('PEXPIRE', ids, ms)
+end
+
+-- purge_members(zset, now): drop the members whose lease ended (crashed holders), and their
+-- identities
+local function purge_members(zset, now)
+  local dead = redis.call('ZRANGEBYSCORE', zset, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREMRANGEBYSCORE', zset, '-inf', now)
+    local ids = zset .. ':ids'
+    for i = 1, #dead do redis.call('HDEL', ids, dead[i]) end
+  end
+end
+"""
+
 # ---------------------------------------------------------------------------------- mutex
 
 COURTESY_MS = 30
@@ -316,12 +327,13 @@ MUTEX_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _LEAVE_ON_GRANT
     + _REGISTER
+    + _IDS
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield; then BLPOP mode: KEYS[4] waiters, KEYS[5]
 -- signal; pub/sub mode: KEYS[4] clients, KEYS[5] run
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] client id, [pub/sub mode: ARGV[4] 'r' if this
 -- client's channel for the lock is subscribed, so a refusal registers it, else '-'; ARGV[5]
--- run ms], fence ttl ms last
+-- run ms], fence ttl ms, identity last
 -- -> {1, fencing token} | {0, ms to wait: the holder's PTTL (-1: no TTL), or the rest of
 -- this client's courtesy after its own release (see MUTEX_RELEASE)}
 -- A grant while other clients wait starts this client's run, unless one is under way: for
@@ -335,6 +347,7 @@ if yielding == ARGV[3] then
   return {0, redis.call('PTTL', KEYS[3])}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  name_holder(KEYS[1], ARGV[1], ARGV[#ARGV], ARGV[2])
   if yielding then redis.call('DEL', KEYS[3]) end
   if not pubsub and #KEYS == 5 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
   if registry then
@@ -345,7 +358,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
       redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[5])
     end
   end
-  return {1, next_token(KEYS[2], ARGV[#ARGV])}
+  return {1, next_token(KEYS[2], ARGV[#ARGV - 1])}
 end
 if registry and ARGV[4] == 'r' then register(registry, ARGV[3], KEYS[1]) end
 return {0, redis.call('PTTL', KEYS[1])}
@@ -368,7 +381,7 @@ MUTEX_RELEASE: Final = Script(
 -- run (T:run, see MUTEX_ACQUIRE) it does not stay out, and the client woken keeps its place:
 -- it takes the lock if it asks first, else at the latest when the run is over.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[1] .. ':ids')
   local in_run = #KEYS == 6 and redis.call('GET', KEYS[6]) == ARGV[3]
   local woken = #KEYS == 6 and wake_client(KEYS[5], KEYS[2], ARGV[2], false, false, in_run)
   local others
@@ -390,10 +403,12 @@ MUTEX_HANDOFF: Final = Script(
     _WAKE_CLIENT
     + _NEXT_TOKEN
     + _REGISTER
+    + _IDS
     + """
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] yield, KEYS[4] clients, KEYS[5] signal, KEYS[6] run
 -- ARGV[1] taker (a waiter of this client), ARGV[2] owner, ARGV[3] taker's lease ms,
--- ARGV[4] client id, ARGV[5] notify mode, ARGV[6] courtesy ms, ARGV[7] fence ttl ms
+-- ARGV[4] client id, ARGV[5] notify mode, ARGV[6] courtesy ms, ARGV[7] fence ttl ms,
+-- ARGV[8] identity (the taker's: its client is ours)
 -- -> {2, fencing token} handed to the taker | {1} released: another client has waited
 -- longer and was woken | {0} not the owner
 -- A release that hands the lock straight to the next waiter of the same client, in the
@@ -408,14 +423,16 @@ if redis.call('GET', KEYS[1]) ~= ARGV[2] then
 end
 local in_run = redis.call('GET', KEYS[6]) == ARGV[4]
 if not in_run and wake_client(KEYS[4], KEYS[5], ARGV[5], false, ARGV[4], false) then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[1] .. ':ids')
   redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
   register(KEYS[4], ARGV[4], KEYS[1])
   return {1}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('HDEL', KEYS[1] .. ':ids', ARGV[2])
+name_holder(KEYS[1], ARGV[1], ARGV[#ARGV], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[4])
-return {2, next_token(KEYS[2], ARGV[#ARGV])}
+return {2, next_token(KEYS[2], ARGV[#ARGV - 1])}
 """
 )
 
@@ -443,8 +460,9 @@ MUTEX_RENEW: Final = Script(
 -- KEYS[1] lock (also the writer key of a read-write lock, and the fair mutex)
 -- ARGV[1] owner, ARGV[2] lease ms
 -- -> 1 extended | 0 not held. Compare-and-PEXPIRE: an expired key is gone, so GET is nil
--- and nothing is recreated.
+-- and nothing is recreated. The holder's identity (KEY:ids) keeps the key's expiry.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1] .. ':ids', ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -485,27 +503,29 @@ READ_ACQUIRE: Final = Script(
     + _NOTIFY
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
+    + _IDS
     + """
 -- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers, KEYS[4] rsignal, KEYS[5] waiters;
 -- BLPOP mode also KEYS[6] (writers') signal
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' to pass a BLPOP wakeup on to the next reader,
--- ARGV[4] fence ttl ms
+-- ARGV[4] fence ttl ms, ARGV[5] identity
 -- -> {1, token} | {0, PTTL of the writer}
 -- Readers share; only a writer blocks them (no writer preference).
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   return {0, pttl}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+purge_members(KEYS[3], now)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-expire_at_max(KEYS[3], false)
+redis.call('HSET', KEYS[3] .. ':ids', ARGV[1], ARGV[#ARGV])
+expire_at_max(KEYS[3], KEYS[3] .. ':ids')
 if #KEYS > 5 then leave_on_grant(ARGV[1], KEYS[5], {KEYS[6], KEYS[4]}) end
 if ARGV[3] == '1' then
   -- BLPOP mode: a write release pushes one reader token; every reader it lets in passes
   -- one on, so all blocked readers wake in a chain instead of one per release.
   notify(KEYS[4], '1', 'l', 1, KEYS[5])
 end
-return {1, next_token(KEYS[2], ARGV[#ARGV])}
+return {1, next_token(KEYS[2], ARGV[#ARGV - 1])}
 """
 )
 
@@ -513,29 +533,32 @@ WRITE_ACQUIRE: Final = Script(
     _NEXT_TOKEN
     + _NOW
     + _LEAVE_ON_GRANT
+    + _IDS
     + """
 -- KEYS[1] writer, KEYS[2] fence, KEYS[3] readers;
 -- BLPOP mode also KEYS[4] waiters, KEYS[5] signal, KEYS[6] rsignal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence ttl ms
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence ttl ms, ARGV[4] identity
 -- -> {1, token} | {0, PTTL of the writer} | {0, ms until the earliest reader lease ends}
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   return {0, pttl}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+purge_members(KEYS[3], now)
 local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 if first[2] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+name_holder(KEYS[1], ARGV[1], ARGV[#ARGV], ARGV[2])
 if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5], KEYS[6]}) end
-return {1, next_token(KEYS[2], ARGV[#ARGV])}
+return {1, next_token(KEYS[2], ARGV[#ARGV - 1])}
 """
 )
 
 READ_RELEASE: Final = Script(
     _NOW
     + _NOTIFY
+    + _IDS
     + """
 -- KEYS[1] readers, KEYS[2] signal, KEYS[3] waiters
 -- ARGV[1] owner, ARGV[2] notify mode
@@ -546,9 +569,12 @@ if not score then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+purge_members(KEYS[1], now)
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1] .. ':ids')
   notify(KEYS[2], '1', ARGV[2], 1, KEYS[3])
+else
+  redis.call('HDEL', KEYS[1] .. ':ids', ARGV[1])
 end
 if tonumber(score) > now then
   return 1
@@ -566,7 +592,7 @@ WRITE_RELEASE: Final = Script(
 -- Readers and writers may both be waiting: wake them all ('*'). BLPOP mode has no
 -- broadcast, so it wakes one writer and starts the reader chain (see READ_ACQUIRE).
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[1] .. ':ids')
   if ARGV[2] == 'l' then
     notify(KEYS[2], '1', 'l', 1, KEYS[4])
     notify(KEYS[3], '1', 'l', 1, KEYS[4])
@@ -586,14 +612,15 @@ SEM_ACQUIRE: Final = Script(
     + _NOW
     + _EXPIRE_AT_MAX
     + _LEAVE_ON_GRANT
+    + _IDS
     + """
 -- KEYS[1] sem, KEYS[2] fence, KEYS[3] sem limit; BLPOP mode also KEYS[4] waiters, KEYS[5] signal
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit, ARGV[4] fence ttl ms
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] limit, ARGV[4] fence ttl ms, ARGV[5] identity
 -- -> {1, token} | {0, ms until the earliest permit lease ends}
 --  | {-1, the limit the holders use}: ARGV[3] differs, and granting it would over-grant.
 -- Expired permits (crashed holders) are reclaimed first, so once every permit is gone any
 -- limit is accepted. The limit key lives exactly as long as the permits (expire_at_max).
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+purge_members(KEYS[1], now)
 local count = redis.call('ZCARD', KEYS[1])
 if count > 0 then
   local in_use = redis.call('GET', KEYS[3])
@@ -604,9 +631,10 @@ end
 if count < tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   redis.call('SET', KEYS[3], ARGV[3])
-  expire_at_max(KEYS[1], KEYS[3])
+  redis.call('HSET', KEYS[1] .. ':ids', ARGV[1], ARGV[#ARGV])
+  expire_at_max(KEYS[1], KEYS[3], KEYS[1] .. ':ids')
   if #KEYS > 3 then leave_on_grant(ARGV[1], KEYS[4], {KEYS[5]}) end
-  return {1, next_token(KEYS[2], ARGV[#ARGV])}
+  return {1, next_token(KEYS[2], ARGV[#ARGV - 1])}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, tonumber(first[2]) - now}
@@ -628,7 +656,8 @@ if not score then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-expire_at_max(KEYS[1], KEYS[4])
+redis.call('HDEL', KEYS[1] .. ':ids', ARGV[1])
+expire_at_max(KEYS[1], KEYS[4], KEYS[1] .. ':ids')
 notify(KEYS[2], '1', ARGV[2], tonumber(ARGV[3]), KEYS[3])
 if tonumber(score) > now then
   return 1
@@ -651,10 +680,12 @@ if not score then
 end
 if tonumber(score) <= now then
   redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[1] .. ':ids', ARGV[1])
   return 0
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-expire_at_max(KEYS[1], KEYS[2] or false)
+-- the members' identities (KEY:ids) live as long as they do
+expire_at_max(KEYS[1], KEYS[1] .. ':ids', KEYS[2] or false)
 return 1
 """
 )
@@ -663,10 +694,12 @@ return 1
 
 # Fair-queue helpers. A waiter's liveness deadline is refreshed by each of its attempts (its
 # heartbeat); a waiter that stops trying (crashed, partitioned) is purged once it passes, so
-# it cannot hold up the queue for longer than one lease.
+# it cannot hold up the queue for longer than one lease. A queued waiter's identity waits in
+# ``queue:ids`` (kept like qclients) so that a release handing it the lock can name it.
 _FAIR = (
     _NOTIFY
     + _EXPIRE_AT_MAX
+    + _IDS
     + """
 -- Wake one fair waiter: ``payload`` (default: its owner id) on the channel of its client (its
 -- client id is in ``qclients``: only that process hears it, not every one with a waiter), or
@@ -689,11 +722,12 @@ local function purge(queue, qd, now, signal, mode, qclients)
   for i = 1, #dead do
     redis.call('LREM', queue, 1, dead[i])
     redis.call('HDEL', qclients, dead[i])
+    redis.call('HDEL', queue .. ':ids', dead[i])
     if mode == 'l' then redis.call('DEL', signal .. ':' .. dead[i]) end
   end
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', qd, '-inf', now)
-    expire_at_max(qd, queue, qclients)
+    expire_at_max(qd, queue, qclients, queue .. ':ids')
   end
   return #dead
 end
@@ -708,7 +742,7 @@ FAIR_ACQUIRE: Final = Script(
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] qdeadline, KEYS[5] signal, KEYS[6]
 -- qclients
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] notify mode, ARGV[4] client id, ARGV[5] fence ttl
--- ms
+-- ms, ARGV[6] identity
 -- -> {1, token}
 --  | {0, ms}: min(holder PTTL, the head's remaining deadline, lease/3) -- at most lease/3 so
 --    this heartbeat keeps our place; at most the head's deadline so a dead head is purged
@@ -722,21 +756,24 @@ if redis.call('GET', lock) == owner then
   -- A release handed us the lock (FAIR_RELEASE) and we did not hear it: confirm, and time
   -- the lease from this request, as the client will.
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('GET', fence)) or next_token(fence, ARGV[#ARGV])}
+  name_holder(lock, owner, ARGV[#ARGV], ttl)
+  return {1, tonumber(redis.call('GET', fence)) or next_token(fence, ARGV[#ARGV - 1])}
 end
 local dropped = purge(queue, qd, now, signal, mode, qclients)
 local free = redis.call('EXISTS', lock) == 0
 local head = redis.call('LINDEX', queue, 0)
 if free and (not head or head == owner) then
   redis.call('SET', lock, owner, 'PX', ttl)
+  name_holder(lock, owner, ARGV[#ARGV], ttl)
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', qd, owner)
     redis.call('HDEL', qclients, owner)
-    expire_at_max(qd, queue, qclients)
+    redis.call('HDEL', queue .. ':ids', owner)
+    expire_at_max(qd, queue, qclients, queue .. ':ids')
     if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
   end
-  return {1, next_token(fence, ARGV[#ARGV])}
+  return {1, next_token(fence, ARGV[#ARGV - 1])}
 end
 if free and dropped > 0 then
   -- A dead head was just purged: the new head has not been told the lock is free.
@@ -745,10 +782,11 @@ end
 if not redis.call('ZSCORE', qd, owner) then
   redis.call('RPUSH', queue, owner)
   if mode ~= 'l' then redis.call('HSET', qclients, owner, ARGV[4]) end
+  redis.call('HSET', queue .. ':ids', owner, ARGV[#ARGV])
   if not head then head = owner end
 end
 redis.call('ZADD', qd, now + ttl, owner)
-expire_at_max(qd, queue, qclients)
+expire_at_max(qd, queue, qclients, queue .. ':ids')
 local wait = redis.call('PTTL', lock)
 if free or wait < 0 then
   wait = ttl
@@ -791,14 +829,15 @@ local owner, mode = ARGV[1], ARGV[2]
 local changed = purge(queue, qd, now, signal, mode, qclients) > 0
 local released = 0
 if redis.call('GET', lock) == owner then
-  redis.call('DEL', lock)
+  redis.call('DEL', lock, lock .. ':ids')
   released = 1
   changed = true
 elseif redis.call('ZREM', qd, owner) == 1 then
   if redis.call('LINDEX', queue, 0) == owner then changed = true end
   redis.call('LREM', queue, 1, owner)
   redis.call('HDEL', qclients, owner)
-  expire_at_max(qd, queue, qclients)
+  redis.call('HDEL', queue .. ':ids', owner)
+  expire_at_max(qd, queue, qclients, queue .. ':ids')
   if mode == 'l' then redis.call('DEL', signal .. ':' .. owner) end
 end
 if changed and redis.call('EXISTS', lock) == 0 then
@@ -806,13 +845,17 @@ if changed and redis.call('EXISTS', lock) == 0 then
   -- purge() left only heads whose deadline is still ahead
   local deadline = head and released == 1 and ARGV[3] == 'h' and redis.call('ZSCORE', qd, head)
   if deadline then
-    redis.call('SET', lock, head, 'PX', math.max(math.floor(tonumber(deadline) - now), 1))
+    local ms = math.max(math.floor(tonumber(deadline) - now), 1)
+    redis.call('SET', lock, head, 'PX', ms)
+    local identity = redis.call('HGET', queue .. ':ids', head)
+    if identity then name_holder(lock, head, identity, ms) end
+    redis.call('HDEL', queue .. ':ids', head)
     redis.call('LPOP', queue)
     redis.call('ZREM', qd, head)
     local token = next_token(fence, ARGV[4])
     notify_owner(signal, head, mode, qclients, head .. ' ' .. string.format('%.0f', token))
     redis.call('HDEL', qclients, head)
-    expire_at_max(qd, queue, qclients)
+    expire_at_max(qd, queue, qclients, queue .. ':ids')
   elseif head then
     notify_owner(signal, head, mode, qclients)
   end
@@ -874,23 +917,40 @@ INSPECT: Final = Script(
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] waiters, KEYS[5] writer, KEYS[6] readers,
 -- KEYS[7] rw waiters, KEYS[8] sem, KEYS[9] sem waiters
 -- -> {now ms, fence, mutex owner, its PTTL, queue length + mutex waiters, writer, its PTTL,
---     {reader, expiry ms, ...}, rw waiters, {permit owner, expiry ms, ...}, sem waiters}
--- Read-only: one consistent snapshot of every family of one name (false: absent).
+--     {reader, expiry ms, ...}, rw waiters, {permit owner, expiry ms, ...}, sem waiters,
+--     mutex owner's identity, writer's identity, {reader's identity, ...},
+--     {permit owner's identity, ...}}
+-- Read-only: one consistent snapshot of every family of one name (false: absent; an
+-- identity is absent for a holder granted by an older client).
 local function live(zset)
   return redis.call('ZRANGEBYSCORE', zset, '(' .. now, '+inf', 'WITHSCORES')
 end
+local function identity(key, owner)
+  return owner and redis.call('HGET', key .. ':ids', owner)
+end
+local function identities(zset, flat)
+  local found = {}
+  for i = 1, #flat, 2 do found[#found + 1] = identity(zset, flat[i]) end
+  return found
+end
+local owner, writer = redis.call('GET', KEYS[1]), redis.call('GET', KEYS[5])
+local readers, permits = live(KEYS[6]), live(KEYS[8])
 return {
   now,
   redis.call('GET', KEYS[2]),
-  redis.call('GET', KEYS[1]),
+  owner,
   redis.call('PTTL', KEYS[1]),
   redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[4]),
-  redis.call('GET', KEYS[5]),
+  writer,
   redis.call('PTTL', KEYS[5]),
-  live(KEYS[6]),
+  readers,
   redis.call('ZCARD', KEYS[7]),
-  live(KEYS[8]),
+  permits,
   redis.call('ZCARD', KEYS[9]),
+  identity(KEYS[1], owner),
+  identity(KEYS[5], writer),
+  identities(KEYS[6], readers),
+  identities(KEYS[8], permits),
 }
 """
 )
@@ -904,16 +964,27 @@ BREAK: Final = Script(
 --   m:  lock, fence, note, signal, waiters, queue, clients, qclients
 --   rw: writer, fence, readers, signal, rsignal, waiters
 --   s:  sem, fence, sem limit, signal, waiters
--- ARGV[1] family, ARGV[2] notify mode, ARGV[3] fence ttl ms
+-- ARGV[1] family, ARGV[2] notify mode, ARGV[3] the namespace's broken channel ('': none),
+-- ARGV[4] fence ttl ms
 -- -> {holders dropped, the fencing token it moved to (0: nothing was held)}
--- Force-release: every holder's key or member goes, so its next renewal is refused and its
--- watchdog reports the loss; the fencing counter moves on, so a fenced resource refuses the
--- broken holder's writes even before the next grant; waiters are woken as by a release.
+-- Force-release: every holder's key or member goes, so its next renewal is refused; the
+-- owners dropped are published on the broken channel (plain PUBLISH, heard cluster-wide),
+-- where their clients listen, so their bodies are cancelled at once rather than at that
+-- renewal. The fencing counter moves on, so a fenced resource refuses the broken holder's
+-- writes even before the next grant; waiters are woken as by a release.
 local family, mode = ARGV[1], ARGV[2]
 local dropped = 0
+local owners = {}
+local function live_members(zset)
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', zset, '(' .. now, '+inf')) do
+    owners[#owners + 1] = member
+  end
+end
 if family == 'm' then
+  local owner = redis.call('GET', KEYS[1])
+  if owner then owners[1] = owner end
   if redis.call('DEL', KEYS[1]) == 1 then dropped = 1 end
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[1] .. ':ids')
   if dropped > 0 then
     local head = redis.call('LINDEX', KEYS[6], 0)
     if head then notify_owner(KEYS[4], head, mode, KEYS[8]) end
@@ -927,20 +998,27 @@ if family == 'm' then
     redis.call('DEL', KEYS[7])
   end
 elseif family == 'rw' then
+  local writer = redis.call('GET', KEYS[1])
+  if writer then owners[1] = writer end
+  live_members(KEYS[3])
   dropped = redis.call('DEL', KEYS[1]) + redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[1] .. ':ids', KEYS[3] .. ':ids')
   if dropped > 0 then
     notify(KEYS[4], '*', mode, 1, KEYS[6])
     if mode == 'l' then notify(KEYS[5], '1', 'l', 1, KEYS[6]) end
   end
 else
-  dropped = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  live_members(KEYS[1])
+  dropped = #owners
   local limit = tonumber(redis.call('GET', KEYS[3]) or '1')
-  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[1] .. ':ids')
   if dropped > 0 then notify(KEYS[4], '*', mode, limit, KEYS[5]) end
 end
 if dropped == 0 then
   return {0, 0}
+end
+if ARGV[3] ~= '' and #owners > 0 then
+  redis.call('PUBLISH', ARGV[3], table.concat(owners, ' '))
 end
 return {dropped, next_token(KEYS[2], ARGV[#ARGV])}
 """

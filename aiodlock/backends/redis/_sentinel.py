@@ -1,31 +1,20 @@
-"""Redis behind Sentinel as a :class:`~._source.ConnectionSource`: ``redis+sentinel://``.
+"""Redis behind Sentinel as a :class:`~._source.ConnectionSource`:
+``redis+sentinel://[[user]:password@]h1:p1[,h2:p2...]/SERVICE_NAME[/DB]``.
 
-``redis+sentinel://[[user]:password@]h1:p1[,h2:p2...]/SERVICE_NAME[/DB]``: the sentinels to
-ask, the name of the service they monitor, and the database. The user and password are the
-master's; ``sentinel_password`` (and ``sentinel_username``) authenticate to the sentinels.
-
-Everything but *where the master is* comes from :class:`~._node.NodeSource`: the bounded
-commands, the two lanes, the error translation. Each command connection and each side
-connection (pub/sub, BLPOP) asks the sentinels for the master when it connects (redis-py's
-``SentinelManagedConnection``), so after a failover:
-
-- a connection to a master that died fails (``BackendError``), and the next one connects to
-  the new master; a waiter whose wakeup connection dropped re-subscribes there and re-checks;
-- a connection to a master that was demoted (``SENTINEL FAILOVER``) gets ``READONLY`` on its
-  next write, which redis-py turns into a dropped connection: the command fails once, and the
-  next one goes to the new master.
-
-What a failover can lose, and how the holder finds out, is in docs/redis.md ("Sentinel").
+Everything but *where the master is* comes from :class:`~._node.NodeSource`; every connection
+asks the sentinels for the master as it connects, so after a failover the next command reaches
+the new one. ``sentinel_username``/``sentinel_password`` authenticate to the sentinels.
+docs/redis.md ("Sentinel") says what a failover can lose.
 
 Example::
 
     source = SentinelSource(parse_url("redis+sentinel://:pw@s1:26379,s2:26379/shop/0"), {})
-    await source.open()
-    source.describe()  # "redis+sentinel://:***@s1:26379,s2:26379/shop/0"
+    await source.open(tasks)
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -42,17 +31,22 @@ from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
 
-from ._node import NodeSource, connection_defaults, refuse_node_options
+from ._node import NodeSource
+from ._node_settings import connection_defaults, refuse_node_options
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.asyncio.connection import AbstractConnection
 
-    from ..._url import ParsedURL
+    from .. import Options, ParsedURL
 
 __all__ = ["SENTINEL_OPTIONS", "SentinelSource"]
 
 _DEFAULT_SENTINEL_PORT: Final = 26379
+_PER_SENTINEL: Final = 1.0
+"""Seconds one sentinel may take to answer before the next is asked (at most
+``connect_timeout`` / their number). A hung sentinel (SIGSTOPped, blackholed) still accepts
+connections from the kernel and would otherwise hold every connect until its deadline."""
 
 SENTINEL_OPTIONS: Final[Mapping[str, type]] = {
     "sentinel_username": str,
@@ -66,18 +60,30 @@ class _Sentinel(Sentinel):
     After a failover every connection asks at once. redis-py moves the sentinel that answered
     to the front by the index it had *before* its await, so two askers could overwrite one
     client with another: the one dropped was never asked again, nor closed with the rest.
-    Here the list is only reordered by identity, with no await in between.
+    Here the list is only reordered by identity, with no await in between. Every sentinel but
+    the last gets ``per_sentinel`` seconds to answer (the last: what the caller's deadline
+    leaves), so a hung one is skipped rather than waited out; the one that answers goes first.
     """
 
-    def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        sentinels: list[tuple[str, int]],
+        sentinel_kwargs: dict[str, Any],
+        per_sentinel: float = _PER_SENTINEL,
+    ) -> None:
         super().__init__(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        self._per_sentinel = per_sentinel
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         errors = []
-        for sentinel in list(self.sentinels):
+        asked = list(self.sentinels)
+        for sentinel in asked:
+            bound = None if sentinel is asked[-1] else self._per_sentinel
             try:
-                masters = await sentinel.sentinel_masters()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # asyncio.timeout, not wait_for: a cancellation is never swallowed (3.11).
+                async with asyncio.timeout(bound):
+                    masters = await sentinel.sentinel_masters()
+            except (RedisConnectionError, RedisTimeoutError, TimeoutError) as exc:
                 errors.append(f"{sentinel} - {exc!r}")
                 continue
             state = masters.get(service_name) if isinstance(masters, dict) else None  # RESP2
@@ -99,7 +105,7 @@ class SentinelSource(NodeSource):
     options: ClassVar[Mapping[str, type]] = {**NodeSource.options, **SENTINEL_OPTIONS}
 
     def _connection_settings(
-        self, url: ParsedURL, options: Mapping[str, Any], connect_timeout: float
+        self, url: ParsedURL, options: Options, connect_timeout: float
     ) -> tuple[type[AbstractConnection], dict[str, Any]]:
         refuse_node_options(url, options, "give the database in the url path: /SERVICE_NAME/DB")
         if not url.hosts:
@@ -136,6 +142,7 @@ class SentinelSource(NodeSource):
         self._sentinel = _Sentinel(
             [(host or "localhost", port or _DEFAULT_SENTINEL_PORT) for host, port in url.hosts],
             sentinel_kwargs=sentinel_settings,
+            per_sentinel=min(_PER_SENTINEL, connect_timeout / len(url.hosts)),
         )
         return SentinelManagedConnection, settings
 

@@ -1,28 +1,15 @@
 """Sharded pub/sub wakeups for Redis Cluster: :class:`ShardedHub` and its
 :class:`ShardedWaiter`.
 
-On a cluster the release scripts ``SPUBLISH`` (a plain ``PUBLISH`` would be broadcast to every
-node), and a sharded message reaches only the subscribers of the master that serves the
-channel's slot (and its replicas). So the hub keeps one :class:`~._pubsub.PubSubHub` in
-sharded mode per master that it waits on: one connection per master, multiplexed as on one
-server -- 500 waiters on one client cost at most one connection per master. Each channel is
-the hash-tagged ``{ns:name}:signal`` of its lock, in the same slot as the lock's keys.
-
-**When a slot moves** (a migration, a failover, a dead master), the master's hub *evicts* the
-channel: the server unsubscribed it, refused it with ``MOVED``, or the connection was lost
-(see :mod:`._pubsub`). Its waiters are woken; each one reads the slot map again (shared by
-all of them, :meth:`~._cluster.ClusterSource.refresh`), subscribes on the master that serves
-the slot now, and returns to its caller, who re-checks the lock -- level-triggered, so a
-release published while the channel was moving is not missed. While no master can be
-reached, a waiter pauses briefly before its caller re-checks (which then reports the outage);
-every wait stays capped by the holder's remaining lease, as always.
+One :class:`~._pubsub.PubSubHub` in sharded mode per master waited on (``SSUBSCRIBE``): one
+connection per master. When a slot moves, the hub evicts the channel and its waiters subscribe
+again where the slot is served now, then re-check. docs/redis.md ("Sharded pub/sub") explains.
 
 Example::
 
     hub = ShardedHub(cluster_source)
-    hub.start(task_group.create_task)
+    hub.start(tasks)
     async with hub.waiter(keys.signal, owner) as waiter:
-        ...  # re-check the lock, then
         await waiter.wait(timeout=remaining_lease)
 """
 
@@ -30,19 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from ..._exceptions import BackendError
+from .. import BackendError
 from ._pubsub import ChannelMoved, PubSubHub, PubSubWaiter
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
+    from .. import Tasks
     from ._cluster import ClusterSource
 
-__all__ = ["ShardedHub", "ShardedWaiter"]
+__all__ = ["AnyMaster", "ShardedHub", "ShardedWaiter"]
 
 _JOIN_ATTEMPTS: Final = 3
 """How often entering a waiter looks for its channel's master before giving up (the slot map
@@ -65,14 +53,38 @@ class _Master:
         return self._source.connect_timeout
 
     @property
-    def socket_timeout(self) -> float:
-        return self._source.socket_timeout
+    def request_timeout(self) -> float:
+        return self._source.request_timeout
 
     def new_connection(self, purpose: str) -> AbstractConnection:
         return self._source.new_connection(purpose, self._route)
 
     def describe(self) -> str:
         return f"{self._source.describe()} (master {self._route})"
+
+
+class AnyMaster(_Master):
+    """Side connections to whichever master serves ``key``'s slot at each connect: for a
+    plain (not sharded) subscription, which a cluster delivers on every node, so any master
+    will do, and after a failover the next connect finds one that is up. ``purpose`` names
+    the connections (``aiodlock:<purpose>`` in ``CLIENT LIST``)."""
+
+    __slots__ = ("_key", "_purpose")
+
+    def __init__(self, source: ClusterSource, key: bytes, purpose: str) -> None:
+        super().__init__(source, "")
+        self._key = key
+        self._purpose = purpose
+
+    def new_connection(self, purpose: str) -> AbstractConnection:
+        try:
+            route = self._source.route(self._key)
+        except BackendError:
+            route = ""  # no slot map yet: the first seed
+        return self._source.new_connection(self._purpose, route)
+
+    def describe(self) -> str:
+        return f"{self._source.describe()} (any master)"
 
 
 class ShardedWaiter:
@@ -155,12 +167,12 @@ class ShardedHub:
         self._hubs: dict[str, PubSubHub] = {}
         # Subscription numbers unique across the masters' hubs (see PubSubHub.subscription).
         self._ids = itertools.count(1)
-        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        self._tasks: Tasks | None = None
         self.closed = False
 
-    def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
-        """Masters' hubs run as tasks made by ``spawn`` (the owner's group), as they come."""
-        self._spawn = spawn
+    def start(self, tasks: Tasks) -> None:
+        """Masters' hubs run in tasks of ``tasks`` (the backend's share), as they come."""
+        self._tasks = tasks
 
     def close(self) -> None:
         """Stop every master's hub and release everyone waiting; synchronous, idempotent."""
@@ -175,7 +187,7 @@ class ShardedHub:
 
     def hub_for(self, channel: bytes) -> PubSubHub:
         """The hub of the master that serves ``channel``'s slot (made on first use)."""
-        if self.closed or self._spawn is None:
+        if self.closed or self._tasks is None:
             raise BackendError(f"the redis backend for {self._where} is closed")
         route = self.source.route(channel)
         hub = self._hubs.get(route)
@@ -187,7 +199,7 @@ class ShardedHub:
                 unclaimed=self._unclaimed,
                 handed=self._handed,
             )
-            hub.start(self._spawn)
+            hub.start(self._tasks)
             self._hubs[route] = hub
         return hub
 

@@ -1,20 +1,13 @@
 """The seam between the Redis backend and the server(s) it reaches: :class:`ConnectionSource`.
 
-A connection source owns everything about *reaching* Redis -- settings from the URL, the
-redis-py client and its pool, side connections for wakeups, time limits and error
-translation -- and nothing about locks. The backend and its waiters reach Redis only through
-this interface, so another topology is another source behind the same backend:
-
-- :class:`~._node.NodeSource`: one server (``redis://``, ``rediss://``, ``unix://``);
-- :class:`~._sentinel.SentinelSource`: the master behind Sentinel, followed through failovers;
-- :class:`~._cluster.ClusterSource`: Redis Cluster, routed by slot (every key of one lock
-  shares a hash tag, so each lock step is on one master); side connections go to the master
-  of a key's slot (:meth:`ConnectionSource.route`).
+A source owns everything about *reaching* Redis (settings, the client and its pool, side
+connections, time limits, error translation) and nothing about locks; another topology is
+another source (:mod:`._node`, :mod:`._sentinel`, :mod:`._cluster`). See docs/redis.md.
 
 Example::
 
     source = NodeSource(parse_url("redis://localhost:6379/0"), {})
-    await source.open(scripts.load_all)
+    await source.open(tasks, scripts.load_all)
     with source.errors("release"):
         done = await source.call(scripts.run, scripts.MUTEX_RELEASE, keys, owner, "p")
     await source.aclose()
@@ -31,6 +24,8 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, TypeVarTuple
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.asyncio.connection import AbstractConnection
+
+    from .. import Tasks
 
 __all__ = ["ConnectionSource", "Prepare", "disconnect_quietly"]
 
@@ -56,7 +51,7 @@ class ConnectionSource(Protocol):
         ...
 
     @property
-    def socket_timeout(self) -> float:
+    def request_timeout(self) -> float:
         """Seconds allowed for one command (enforced by :meth:`call`)."""
         ...
 
@@ -68,11 +63,12 @@ class ConnectionSource(Protocol):
         """
         ...
 
-    async def open(self, prepare: Prepare | None = None) -> None:
+    async def open(self, tasks: Tasks, prepare: Prepare | None = None) -> None:
         """Connect, check that the server answers, then run ``prepare(client)``.
 
         All of it within ``connect_timeout``; on any failure nothing is left open, and a
         driver error becomes ``BackendError``. A source is opened once (``RuntimeError``).
+        Commands that outlive their callers (:meth:`submit`) run in tasks of ``tasks``.
         """
         ...
 
@@ -84,12 +80,10 @@ class ConnectionSource(Protocol):
         """
         ...
 
-    async def call(
-        self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts
-    ) -> _T:
+    async def call(self, fn: Callable[[aioredis.Redis, *_Ts], Awaitable[_T]], *args: *_Ts) -> _T:
         """``await fn(client, *args)``: one command (or a NOSCRIPT reload and its retry).
 
-        Waits for a free command connection, then cuts ``fn`` off after ``socket_timeout``
+        Waits for a free command connection, then cuts ``fn`` off after ``request_timeout``
         with ``TimeoutError``. Raises ``BackendError`` if the source is not open. Driver
         errors pass through untranslated: the caller names the action (:meth:`errors`). If
         the caller is cancelled once ``fn`` has started, ``fn`` may still run to its end.

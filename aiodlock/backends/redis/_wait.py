@@ -1,23 +1,13 @@
 """What both Redis wakeup mechanisms promise, and the timed sleep they share (:func:`sleep_on`).
 
-A waiting acquisition follows the protocol's *subscribe, then re-check* rule: it first arms a
-wakeup, then tries the lock again, then waits. A release that lands between the failed attempt
-and the arming is therefore seen by the re-check, and one that lands after the arming is
-delivered to the armed wakeup. Arming only counts once the server has it: a SUBSCRIBE that is
-merely *sent* is not live yet (redisson#1763 is exactly that race). Every wait is also capped
-by the caller (the holder's remaining lease), so even a lost message costs a bounded delay,
-never a hang.
+A waiting acquisition arms a wakeup (confirmed by the server), re-checks the lock, then waits,
+capped by the holder's remaining lease; a waiter that leaves with a single-waiter wakeup it did
+not use hands it on. The mechanisms are :mod:`._pubsub` (default) and :mod:`._blpop`;
+docs/redis.md ("Waiting") has the reasoning.
 
-Two mechanisms, chosen by the backend's ``wakeup`` option:
+Example::
 
-- ``pubsub`` (default, :mod:`._pubsub`): one connection per backend carries every
-  subscription of the process; 1000 waiters cost exactly one connection.
-- ``blpop`` (:mod:`._blpop`): each ``wait()`` blocks in ``BLPOP`` on a connection of its own;
-  for where pub/sub is unavailable or filtered.
-
-In both modes a waiter that consumed a single-waiter wakeup and then leaves with an exception
-(cancelled or timed out before its re-check could use it) hands the wakeup on, so one
-cancellation cannot strand the other waiters until their caps run out.
+    await sleep_on(future, timeout)  # until a wakeup sets the future, or timeout seconds
 """
 
 from __future__ import annotations
