@@ -47,9 +47,15 @@ async def inspect(
     and its client's identity are in its node's data (``owner=... identity=...``); its token
     is its node's czxid, and the lock's fencing token the newest holder's. ``expires_in`` is
     ``None``: the lease lives as long as the holder's session.
+
+    A ``sync`` first: our server of an ensemble may not have applied a release (or a grant)
+    that another session made through another member a moment ago, and ``locked()`` after
+    the holder's ``release()`` returned must say free.
     """
     transport = ctx.require_open()
     base = namespace_path(ctx.settings.root, namespace)
+    with contextlib.suppress(NoNodeError):
+        await transport.sync(base, timeout=ctx.request_timeout)
     found: list[LockInfo] = []
     encoded = {decode_segment(e): e for e in await nodes.children(transport, base)}
     for name in sorted(n for n in encoded if fnmatch.fnmatchcase(n, pattern)):
