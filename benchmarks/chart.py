@@ -15,7 +15,9 @@ COLORS = {"aiodlock": "#2b7bba", "incumbent": "#e08a2c", "floor": "#888888",
           "reference": "#9e9e9e"}  # fmt: skip
 
 
-def write(doc: Mapping[str, Any], path: Path) -> None:
+def write(doc: Mapping[str, Any], path: Path) -> bool:
+    """Draw the contended rows of ``doc`` into ``path``; False (nothing written, an older
+    chart removed) when the run had none, as ``--only mysql,postgres`` (uncontended only)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,6 +30,9 @@ def write(doc: Mapping[str, Any], path: Path) -> None:
     catalogue = list(libs)
     rows.sort(key=lambda r: (order[libs[r["library"]]["backend"]], catalogue.index(r["library"]),
                              r["scenario"], r["loop"]))  # fmt: skip
+    if not rows:  # a log-scaled axis of no values is an error to matplotlib
+        path.unlink(missing_ok=True)  # a chart of another run would pass for this one's
+        return False
     labels = []
     for r in rows:
         lib = libs[r["library"]]
@@ -66,3 +71,4 @@ def write(doc: Mapping[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True

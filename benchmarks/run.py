@@ -196,9 +196,12 @@ def write(document: dict[str, object], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmarks.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "benchmarks.md").write_text(report.markdown(document))
-    chart.write(document, out / "benchmarks.png")
+    drawn = chart.write(document, out / "benchmarks.png")
     print(report.summary(document), file=sys.stderr)
-    print(f"wrote {out}/benchmarks.{{json,md,png}}", file=sys.stderr)
+    if drawn:
+        print(f"wrote {out}/benchmarks.{{json,md,png}}", file=sys.stderr)
+    else:
+        print(f"wrote {out}/benchmarks.{{json,md}} (no contended row to chart)", file=sys.stderr)
 
 
 if __name__ == "__main__":
