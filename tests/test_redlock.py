@@ -16,7 +16,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -516,12 +516,26 @@ async def _attempts(raw: aioredis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
 
 
-async def _subscribed(raws: list[aioredis.Redis], channel: str) -> bool:
-    for raw in raws:
+async def _subscribed(raws: list[aioredis.Redis], arbiter: int, channel: str) -> bool:
+    """Whether a waiter listens on every master: on the arbiter, on its client's own channel
+    (``channel:CLIENT``, where a release wakes one registered client); on the others, on the
+    lock's channel."""
+    for i, raw in enumerate(raws):
+        if i == arbiter:
+            if not await _client_channels(raw, channel):
+                return False
+            continue
         [(_, count)] = await raw.pubsub_numsub(channel)
         if count < 1:
             return False
     return True
+
+
+async def _client_channels(raw: aioredis.Redis, channel: str) -> list[bytes]:
+    """The waiting clients' own channels of a lock's ``channel`` subscribed on a master."""
+    return sorted(
+        c.encode() if isinstance(c, str) else c for c in await raw.pubsub_channels(channel + ":*")
+    )
 
 
 @contextlib.asynccontextmanager
@@ -542,7 +556,7 @@ async def _a_waiter_refused_at_the_arbiter(
         held = await a.lock("job", ttl=30).acquire()
         task = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
         try:
-            await eventually(partial(_subscribed, raws, channel))
+            await eventually(partial(_subscribed, raws, arbiter, channel))
             yield raws, arbiter, channel
         finally:
             task.cancel()
@@ -568,15 +582,22 @@ async def _quiet(raw: aioredis.Redis, *, longer_than: float) -> int:
 async def test_a_release_heard_from_every_master_wakes_a_waiter_once(
     masters: RedlockMasters,
 ) -> None:
-    """A release publishes on every master, so a waiting process hears it three times; a
-    mutex waiter waits on the arbiter master's copy alone, and asks again once per release,
-    not once per copy (it asked up to three times, from every waiting process: a herd). Here
+    """A give-back (or a break) publishes on every master, so a waiting process hears it
+    three times: on its own channel on the arbiter, on the lock's channel on the others. A
+    mutex waiter waits on the arbiter's wakeup alone, and asks again once per release, not
+    once per copy (it asked up to three times, from every waiting process: a herd). Here
     five releases are published by hand on every master while the lock stays held: five
     refused attempts on the arbiter, not ten or fifteen."""
     async with _a_waiter_refused_at_the_arbiter(masters, NS + "once") as (raws, arbiter, channel):
+        [mine] = await _client_channels(raws[arbiter], channel)
         before = await _quiet(raws[arbiter], longer_than=0.3)
+        others = [raw for i, raw in enumerate(raws) if i != arbiter]
         for n in range(1, 6):
-            await asyncio.gather(*(raw.publish(channel, "1") for raw in raws))
+            # The arbiter's copy last: the others' start the grace, which it cancels. (Had
+            # it come first and its re-check begun before them, they would wake the waiter
+            # again after the grace: a copy that lands after a re-check may be a new release.)
+            await asyncio.gather(*(raw.publish(channel, "1") for raw in others))
+            await raws[arbiter].publish(mine, "1")
             await eventually(partial(_at_least, raws[arbiter], before + n))
         assert await _quiet(raws[arbiter], longer_than=0.3) == before + 5
 
@@ -638,7 +659,7 @@ async def test_a_wakeup_banked_while_the_arbiter_is_silent_does_not_wedge_it(
         ):
             held = await a.lock("job", ttl=30).acquire()
             waiter = asyncio.create_task(b.lock("job", ttl=10).acquire(timeout=25))
-            await eventually(partial(_subscribed, raws, channel))
+            await eventually(partial(_subscribed, raws, arbiter, channel))
             await _quiet(raws[arbiter], longer_than=0.3)
             masters.servers[arbiter].pause()
             # A release heard from the others only: after the grace the waiter asks the
@@ -659,3 +680,135 @@ async def test_a_wakeup_banked_while_the_arbiter_is_silent_does_not_wedge_it(
         masters.servers[arbiter].resume()
         for raw in raws:
             await raw.aclose()
+
+
+async def _registered(raw: aioredis.Redis, tag: str, count: int) -> bool:
+    return bool(await raw.zcard(tag + ":clients") == count)
+
+
+async def test_a_release_wakes_one_waiting_client(masters: RedlockMasters) -> None:
+    """A release on the arbiter wakes the longest-registered waiting client alone, on its
+    own channel, and tells nobody on the other masters: one attempt per release, however
+    many processes wait (each woken process asked the arbiter, and all but one were
+    refused). Here three clients wait; each release lets exactly one of them in, with one
+    attempt on the arbiter, until all three held the lock."""
+    ns = NS + "one"
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    raw = _raw(masters, arbiter)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(aiodlock.connect(masters.url, namespace=ns))
+                for _ in range(4)
+            ]
+            # Every master's counter far ahead of its clock, and the same: each grant then
+            # gets the same token everywhere, and no write phase adds a script to the count.
+            fence = time.time_ns() // 1000 + 10**12
+            for i in range(len(masters.servers)):
+                other = _raw(masters, i)
+                try:
+                    await other.set(tag + ":fence", fence)
+                finally:
+                    await other.aclose()
+            lease = await clients[0].lock("job", ttl=30).acquire()
+            waiting = {
+                asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20)) for c in clients[1:]
+            }
+            await eventually(partial(_registered, raw, tag, 3))
+            while waiting:
+                before = await _quiet(raw, longer_than=0.3)
+                await lease.release()
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                [task] = done
+                lease = task.result()
+                # The release and the one attempt it woke; nobody else asked.
+                assert await _quiet(raw, longer_than=0.3) == before + 2
+                assert await _registered(raw, tag, len(waiting))
+            await lease.release()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_wakeup_for_a_client_that_stopped_waiting_goes_on(
+    masters: RedlockMasters,
+) -> None:
+    """A release wakes a registered client whose waiter has just given up (its channel still
+    lingers): that client passes the wakeup on to the next registered one (``WAKE_NEXT``),
+    which would otherwise wait for the holder's lease (30 s) to run out."""
+    ns = NS + "passon"
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    raw = _raw(masters, arbiter)
+    try:
+        async with (
+            aiodlock.connect(masters.url, namespace=ns) as a,
+            aiodlock.connect(masters.url, namespace=ns) as b,
+            aiodlock.connect(masters.url, namespace=ns) as c,
+        ):
+            lease = await a.lock("job", ttl=30).acquire()
+            gives_up = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
+            await eventually(partial(_registered, raw, tag, 1))
+            [head] = await raw.zrange(tag + ":clients", 0, -1, withscores=True)
+            first, score = cast("tuple[bytes, float]", head)
+            stays = asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20))
+            await eventually(partial(_registered, raw, tag, 2))
+            gives_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gives_up
+            # It left the registry as it gave up; put it back at the head, as if its removal
+            # had not landed yet, while its channel still lingers (1 s).
+            await eventually(partial(_registered, raw, tag, 1))
+            await raw.zadd(tag + ":clients", {first: score})
+            await lease.release()
+            second = await asyncio.wait_for(stays, 10)
+            await second.release()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_release_the_arbiter_did_not_confirm_is_published_on_the_others(
+    masters: RedlockMasters,
+) -> None:
+    """A holder that was not granted on the arbiter (or whose release there fails) cannot
+    count on it to wake anyone: its release publishes on the other masters, and the
+    waiter is let in after the lead's grace, not when the holder's lease (30 s) ends."""
+    ns = NS + "fallback"
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    raw = _raw(masters, arbiter)
+    try:
+        async with (
+            aiodlock.connect(masters.url, namespace=ns) as a,
+            aiodlock.connect(masters.url, namespace=ns) as b,
+        ):
+            lease = await a.lock("job", ttl=30).acquire()
+            waiting = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
+            await eventually(partial(_registered, raw, tag, 1))
+            assert await raw.delete(tag) == 1  # held on the two others: still a quorum
+            await lease.release()
+            second = await asyncio.wait_for(waiting, 10)
+            await second.release()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_waiter_is_granted_while_the_arbiter_is_stopped(masters: RedlockMasters) -> None:
+    """A waiter's re-check asks the arbiter first and the other masters once its patience
+    (the per-master timeout) is over; the round then gives those their own timeout. (It
+    gave up at the first timeout, before they could answer: while the arbiter was silent a
+    waiter was never granted, though two masters of three were free.)"""
+    ns = NS + "silent"
+    _, arbiter = _arbiter_of(masters, ns, "job")
+    async with (
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns) as b,
+    ):
+        lease = await a.lock("job", ttl=30).acquire()
+        waiting = b.lock("job", ttl=5)
+        task = asyncio.create_task(waiting.acquire(timeout=20))
+        await wait_until(lambda: waiting.statistics().waiting == 1)
+        masters.servers[arbiter].pause()
+        try:
+            await lease.release()
+            second = await asyncio.wait_for(task, 10)
+            await second.release()
+        finally:
+            masters.servers[arbiter].resume()

@@ -156,6 +156,11 @@ class PubSubHub(HubLink):
         """Wake ``owner``'s waiter on ``channel``, if it is there."""
         self._route(channel, owner.encode("utf-8", "surrogatepass"))
 
+    def wake_one(self, channel: bytes) -> None:
+        """Route a "wake one" to ``channel``'s waiters here, as if the server had published
+        it (a release of this client that woke nobody else: its own waiters must hear it)."""
+        self._route(channel, _ONE)
+
     def listen(
         self,
         channel: bytes,

@@ -101,6 +101,12 @@ class PubSubWaiter:
         """Entered and still on its channel (false once left, or evicted: see the module)."""
         return self._ch is not None
 
+    @property
+    def woken(self) -> bool:
+        """A wakeup is banked: the next :meth:`wait` returns at once (the caller's re-check
+        is still to come)."""
+        return self._flag
+
     async def __aenter__(self) -> PubSubWaiter:
         await self._hub._join(self)
         return self

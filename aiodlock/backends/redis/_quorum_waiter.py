@@ -26,9 +26,9 @@ DEGRADED_POLL: Final = 0.25
 """Seconds a waiter waits at most while too few masters are subscribed to hear a release."""
 
 LEAD_GRACE: Final = 0.1
-"""Seconds a release heard from another master waits for the lead master's copy of it: a
-release the lead did not publish (its master hung, or the releaser cannot reach it) still
-wakes the waiter, this much later."""
+"""Seconds a wakeup heard from another master waits for one from the lead master: a release
+the lead did not confirm (its master hung, or the releaser cannot reach it) is published on
+the others, and still wakes the waiter, this much later."""
 
 
 class QuorumWaiter:
@@ -36,14 +36,13 @@ class QuorumWaiter:
 
     A master that does not confirm in time (down, stopped) is left to arm in the background;
     it joins the wait once it does. Any master's wakeup wakes the waiter -- but with a
-    ``lead`` master (a mutex's arbiter), once for each release: a release publishes on every
-    master, and a waiter woken by each copy would ask again after each, up to three
-    attempts per release from every waiting process where one will do (the arbiter decides a
-    woken waiter's attempt anyway, see ``Masters.arbiter_first``). So while the lead's waiter
-    is armed, the wait is on it alone, and a release the other masters published more often
-    than the lead wakes it :data:`LEAD_GRACE` later (the lead's copy lost, or its master
-    silent). While fewer than
-    ``need`` are armed (a majority of masters down), entering gives up after
+    ``lead`` master (a mutex's arbiter, whose release wakes one waiting client: see
+    :mod:`._redlock_wake`), the wait is on the lead alone while its waiter is armed, and a
+    wakeup from another master (a release the arbiter did not confirm, a give-back, a break)
+    wakes it :data:`LEAD_GRACE` later unless the lead's own came meanwhile: the re-check
+    that follows any wakeup covers every release before it; entering waits for the lead as
+    well as for ``need`` masters (a silent lead is given up after :data:`DEGRADED_POLL`).
+    While fewer than ``need`` are armed (a majority of masters down), entering gives up after
     :data:`DEGRADED_POLL` and each wait is capped by it: the caller polls until the masters
     are back, and its attempts report them down (``BackendError``) or its deadline passes.
     """
@@ -51,7 +50,6 @@ class QuorumWaiter:
     __slots__ = (
         "_armed",
         "_grace",
-        "_heard",
         "_lead",
         "_left",
         "_need",
@@ -66,20 +64,19 @@ class QuorumWaiter:
         need: int,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
         *,
-        left: Callable[[], object] = lambda: None,
+        left: Callable[..., object] = lambda failed: None,
         lead: int | None = None,
     ) -> None:
         self._waiters = waiters
         self._lead = None if lead is None else waiters[lead]
-        # Wakeups heard per waiter (lead mode), and the timer of an uncovered one.
-        self._heard = dict.fromkeys(waiters, 0)
+        # The timer of a wakeup from another master that the lead has not matched (yet).
         self._grace: asyncio.TimerHandle | None = None
         if self._lead is not None:
             for w in waiters:
                 w.on_wake = partial(self._woke, w)
         self._need = need
         self._spawn = spawn
-        self._left = left  # called once the waiter has left (entered or not)
+        self._left = left  # called as the waiter leaves (entered or not), with failed=
         self._armed: list[PubSubWaiter] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -91,14 +88,19 @@ class QuorumWaiter:
         self._armed.append(w)
 
     async def __aenter__(self) -> QuorumWaiter:
+        lead: asyncio.Task[None] | None = None
         for w in self._waiters:
             task = self._spawn(self._arm(w))
             if task is not None:
                 self._tasks.append(task)
+                if w is self._lead:
+                    lead = task
         try:
             pending = set(self._tasks)
             async with asyncio.timeout(DEGRADED_POLL):
-                while pending and len(self._armed) < self._need:
+                # The lead too, unless it fails: the re-check that follows registers the
+                # client on the lead's master only while its channel there is live.
+                while pending and (len(self._armed) < self._need or lead in pending):
                     _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
             pass  # too few masters answer: armed where they do, polling meanwhile (wait())
@@ -116,33 +118,24 @@ class QuorumWaiter:
         await self._leave(failed=exc_type is not None)
 
     def _woke(self, w: PubSubWaiter) -> None:
-        """Count ``w``'s wakeup; one the lead has not matched (yet) starts the grace timer,
-        and the lead's own cancels it once it matches every other master's."""
-        self._heard[w] += 1
-        if self._uncovered():
-            if self._grace is None:
+        """Another master's wakeup starts the grace timer (unless the lead's is banked: the
+        re-check still to come covers it); the lead's own cancels it."""
+        lead = self._lead
+        if w is not lead:
+            if self._grace is None and not (lead is not None and lead.woken):
                 loop = asyncio.get_running_loop()
                 self._grace = loop.call_later(LEAD_GRACE, self._grace_over)
         elif self._grace is not None:
             self._grace.cancel()
             self._grace = None
 
-    def _uncovered(self) -> bool:
-        matched = 0 if self._lead is None else self._heard[self._lead]
-        return any(count > matched for count in self._heard.values())
-
     def _grace_over(self) -> None:
         self._grace = None
-        lead = self._lead
-        if lead is None or not self._uncovered():
-            return  # pragma: no cover -- the lead's copy cancels the timer
-        # Woken through the lead, as its own copy would have: its count now covers them
-        # (the hook adds the one for this wakeup).
-        self._heard[lead] = max(self._heard.values()) - 1
-        lead.wake(False)
+        if self._lead is not None:
+            self._lead.wake(False)  # as the lead's own wakeup would have
 
     async def _leave(self, *, failed: bool) -> None:
-        self._left()
+        self._left(failed=failed)
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
@@ -188,8 +181,9 @@ class QuorumWaiter:
     async def _lead_only(
         self, lead: PubSubWaiter, armed: list[PubSubWaiter], timeout: float | None
     ) -> None:
-        """Wait on the lead alone. The others' wakeups are counted by :meth:`_woke` as they
-        come, and used up before and after the wait (the re-check that follows covers them):
+        """Wait on the lead alone. The others' wakeups start the grace timer (:meth:`_woke`)
+        as they come, and are used up before and after the wait (the re-check that follows
+        covers them):
         a waiter left flagged as woken is passed over by its hub's "wake one", and the next
         release on that master would go unheard."""
         others = [w for w in armed if w is not lead]

@@ -49,7 +49,7 @@ from ._node import NodeSource
 from ._pubsub import PubSubHub
 from ._quorum import Round
 from ._quorum_connect import QuorumConnect
-from ._quorum_waiter import QuorumWaiter
+from ._quorum_waiter import LEAD_GRACE, QuorumWaiter
 from ._redlock_inspect import break_on_masters, inspect_masters, namespaces_on_masters
 from ._redlock_rounds import (
     Masters,
@@ -59,10 +59,12 @@ from ._redlock_rounds import (
     quorum,
     renew_call,
 )
+from ._redlock_wake import ArbiterWakeups
 from ._settings import identity_arg, lease_ms
 
 if TYPE_CHECKING:
     from .. import ParsedURL
+    from ._keys import Keys
 
 __all__ = ["RedlockBackend", "quorum"]
 
@@ -169,8 +171,13 @@ class RedlockBackend:
         self._identity = identity_arg(options)
         self._where = url.redacted()
         self._masters = Masters(
-            self._sources, where=self._where, fence_ms=self._fence_ms, spawn=self._spawn
+            self._sources,
+            where=self._where,
+            fence_ms=self._fence_ms,
+            client_id=self._client_id,
+            spawn=self._spawn,
         )
+        self._wake = ArbiterWakeups(self._masters, self._client_id, self._spawn)
         self._connects = QuorumConnect(
             self._sources, load, majority=self._majority, where=self._where
         )
@@ -205,11 +212,12 @@ class RedlockBackend:
             raise
         self._opened = True
         self._tasks = tasks
-        for source in self._sources:
-            hub = PubSubHub(source)
+        for i, source in enumerate(self._sources):
+            hub = PubSubHub(source, unclaimed=partial(self._wake.unclaimed, i))
             hub.start(tasks)
             self._hubs.append(hub)
         self._losses.bind(self._hubs)
+        self._wake.bind(self._hubs)
 
     async def aclose(self) -> None:
         """Close every hub and every master's connections. Idempotent."""
@@ -291,7 +299,9 @@ class RedlockBackend:
         """Acquire on every master at once: a quorum, or give it back everywhere."""
         keys = keys_for(spec.namespace, spec.name)
         masters = self._masters
-        script, script_keys, args = acquire_call(
+        n = len(self._sources)
+        call = partial(
+            acquire_call,
             spec,
             keys,
             owner,
@@ -300,15 +310,36 @@ class RedlockBackend:
             fence_ms=self._fence_ms,
             identity=self._identity,
         )
-        n = len(self._sources)
+        calls = [call()] * n
+        lead = arbiter(keys, n) if spec.kind is Kind.MUTEX else None
+        waiting = owner in self._waiting
+        if lead is not None:
+            courtesy = self._wake.courtesy(keys)
+            if courtesy > 0 and waiting:
+                # Our release woke another client, and our first attempt since was refused
+                # (and registered) by the arbiter: a re-check within the courtesy would be too.
+                return Busy(courtesy)
+            waiting = waiting or self._wake.deferring(keys, lead)
+            await self._wake.registered(keys, self._timeout(ttl))
+            calls[lead] = call(registers=self._wake.registers(keys, lead))
         need = quorum(n, spec)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        send = partial(masters.send, owner, script=script, keys=script_keys, args=args)
+
+        def send(i: int, floor: int | None = None) -> asyncio.Future[Any]:
+            script, script_keys, args = calls[i]
+            if floor is not None:  # the arbiter's token: see _scripts.next_token
+                args = (*args[:-2], f"{args[-2]}:{floor}", args[-1])
+            return masters.send(owner, i, script=script, keys=script_keys, args=args)
+
         # Done before giving back: the masters an attempt skipped so far stay unasked.
         abandoned: asyncio.Future[None] = loop.create_future()
-        if owner in self._waiting and spec.kind is Kind.MUTEX:
-            futures = masters.arbiter_first(send, arbiter(keys, n), self._timeout(ttl), abandoned)
+        patience = self._timeout(ttl)
+        if lead is not None and waiting:
+            futures = masters.arbiter_first(send, lead, patience, abandoned)
+            # The others may be asked only once the arbiter's patience is over (it is
+            # silent): they get their own per-master timeout after it.
+            patience *= 2
         else:
             futures = [send(i) for i in range(n)]
         masters.track(owner, futures)
@@ -321,7 +352,7 @@ class RedlockBackend:
 
         fenced = True
         try:
-            await rnd.gather(self._timeout(ttl), enough)
+            await rnd.gather(patience, enough)
             granted = {i: int(v[1]) for i, v in rnd.replies.items() if v[0] == 1}
             if len(granted) >= need:
                 valid_until = start + ttl - self._drift_of(ttl)
@@ -377,7 +408,22 @@ class RedlockBackend:
             index = min(len(waits) - 1, max(0, need - len(granted) - 1))
             expiry = max(waits[index] + 1, 1) / 1000.0
             retry = expiry if retry is None else min(retry, expiry)
+        if lead is not None and self._unregistered(rnd, lead, calls[lead]):
+            # Not registered among the arbiter's waiting clients, so no release there will
+            # wake us: ask again soon (a refusal then registers us).
+            retry = LEAD_GRACE if retry is None else min(retry, LEAD_GRACE)
         return Busy(retry)
+
+    @staticmethod
+    def _unregistered(rnd: Round, lead: int, call: tuple[Any, ...]) -> bool:
+        """Whether a failed mutex attempt left its client off the arbiter's waiting clients
+        although the arbiter answered: it granted (votes split with another client's first
+        attempt: given back since), or refused before this client's channel there was live
+        (``-``, see :meth:`~._redlock_wake.ArbiterWakeups.registers`)."""
+        reply = rnd.replies.get(lead)
+        if reply is None:
+            return False
+        return bool(reply[0] == 1 or (reply[0] == 0 and call[2][3] == "-"))
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release on every master; ``True`` if one that answered still held it.
@@ -392,19 +438,25 @@ class RedlockBackend:
         self._losses.drop(owner)
         n = len(self._sources)
         need = self._majority
-        released = [False] * n  # master index -> it held the lock there
-        tasks = [self._spawn(self._masters.release_on(i, spec, owner, released)) for i in range(n)]
+        released = [0] * n  # master index -> its reply (see Masters.release_on)
+        release_on = partial(self._masters.release_on, spec=spec, owner=owner, released=released)
+        tasks = [self._spawn(release_on(i, holder=True)) for i in range(n)]
         live = [t for t in tasks if t is not None]
         if not live:
             raise BackendError(f"the redlock backend for {self._where} is closed")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (_MIN_NODE_TIMEOUT if ttl is None else self._timeout(ttl))
+        patience = _MIN_NODE_TIMEOUT if ttl is None else self._timeout(ttl)
+        deadline = loop.time() + patience
+        if spec.kind is Kind.MUTEX:
+            keys = keys_for(spec.namespace, spec.name)
+            lead = arbiter(keys, n)
+            self._wake.follow(keys, lead, tasks[lead], released, patience)
         pending = set(live)
         while pending and n - len(pending) < need and loop.time() < deadline:
             _, pending = await asyncio.wait(
                 pending, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
             )
-        if any(released):
+        if any(reply > 0 for reply in released):
             return True
         # Nobody that answered held it: it was lost -- unless too few answered to tell.
         return n - len(pending) < need and valid is not None and loop.time() < valid
@@ -488,13 +540,30 @@ class RedlockBackend:
             raise BackendError(f"the redlock backend for {self._where} is not open")
         # Its attempts from now on are re-checks of a woken waiter: arbiter first.
         self._waiting.add(owner)
+        if spec.kind is not Kind.MUTEX:
+            return QuorumWaiter(
+                [hub.waiter(channel, owner) for hub in self._hubs],
+                self._majority,
+                self._spawn,
+                left=partial(self._left, owner),
+            )
+        # A mutex's waiter waits on its client's own channel on the arbiter, where a release
+        # wakes one registered client (see _redlock_wake), and on the lock's channel on the
+        # other masters, where only a release the arbiter did not confirm is published.
+        lead = arbiter(keys, len(self._hubs))
+        mine = self._wake.channel(keys)
         return QuorumWaiter(
-            [hub.waiter(channel, owner) for hub in self._hubs],
+            [hub.waiter(mine if i == lead else channel, owner) for i, hub in enumerate(self._hubs)],
             self._majority,
             self._spawn,
-            left=partial(self._waiting.discard, owner),
-            lead=arbiter(keys, len(self._hubs)) if spec.kind is Kind.MUTEX else None,
+            left=partial(self._left, owner, keys, lead),
+            lead=lead,
         )
+
+    def _left(self, owner: str, keys: Keys | None = None, lead: int = 0, *, failed: bool) -> None:
+        self._waiting.discard(owner)
+        if keys is not None:
+            self._wake.left(keys, lead, failed=failed)
 
     # ---------------------------------------------------------------- operators
 

@@ -67,7 +67,16 @@ class Masters:
     ``settle()`` waits for what it started).
     """
 
-    __slots__ = ("_fence_ms", "_giving", "_spawn", "_where", "flights", "majority", "sources")
+    __slots__ = (
+        "_client_id",
+        "_fence_ms",
+        "_giving",
+        "_spawn",
+        "_where",
+        "flights",
+        "majority",
+        "sources",
+    )
 
     def __init__(
         self,
@@ -75,9 +84,11 @@ class Masters:
         *,
         where: str,
         fence_ms: int,
+        client_id: str,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
     ) -> None:
         self.sources = sources
+        self._client_id = client_id
         self.majority = len(sources) // 2 + 1
         self._where = where
         self._fence_ms = fence_ms
@@ -142,7 +153,7 @@ class Masters:
 
     def arbiter_first(
         self,
-        send: Callable[[int], asyncio.Future[Any]],
+        send: Callable[[int, int | None], asyncio.Future[Any]],
         arbiter: int,
         patience: float,
         abandoned: asyncio.Future[None],
@@ -157,9 +168,11 @@ class Masters:
         it pick the winner; the losers are refused there atomically and have nothing to
         give back. A master that was not asked answers ``NOT_ASKED``, a refusal; so do the
         others once the attempt is ``abandoned`` (given back: a release waiting for this
-        attempt on a master must not be waited for by it).
+        attempt on a master must not be waited for by it). The others are sent the arbiter's
+        token, which they hand out in place of their clock's (``send``'s second argument):
+        the quorum agrees on one token, and the grant needs no write phase.
         """
-        first = send(arbiter)
+        first = send(arbiter, None)
 
         async def after(i: int, outcome: asyncio.Future[Any]) -> None:
             try:
@@ -170,7 +183,7 @@ class Masters:
                 if abandoned.done() or (answered and first.result()[0] != 1):
                     outcome.set_result(NOT_ASKED)
                     return
-                sent = send(i)
+                sent = send(i, int(first.result()[1]) if answered else None)
                 await asyncio.wait((sent,))
             except BaseException:
                 outcome.cancel()
@@ -247,27 +260,47 @@ class Masters:
         i: int,
         spec: LockSpec,
         owner: str,
-        released: list[bool] | None = None,
+        released: list[int] | None = None,
         *,
         after: asyncio.Future[Any] | None = None,
+        holder: bool = False,
     ) -> None:
         """Release ``owner`` on master ``i`` once its attempt there has landed (``after``, or
-        the one in flight now), noting in ``released[i]`` whether it held the lock there;
-        never raises (a failure leaves the key to its TTL)."""
+        the one in flight now), noting in ``released[i]`` the script's reply (0: it did not
+        hold the lock there; -1: it failed); never raises (a failure leaves the key to its
+        TTL).
+
+        A mutex's arbiter wakes the next registered client (:mod:`._redlock_wake`); a
+        ``holder``'s release there also leaves it a courtesy if it woke another, and tells
+        nobody on the other masters. A give-back publishes on every master: the waiters its
+        attempt refused may wait on any of them."""
         try:
             flight = self.flights.get(owner, {}).get(i) if after is None else after
             if flight is not None:
                 await asyncio.wait((flight,))
             keys = keys_for(spec.namespace, spec.name)
-            script, script_keys, args = release_call(spec, keys)
+            script, script_keys, args = self._release_call(spec, keys, i, holder=holder)
             with self.sources[i].errors("release"):
-                done = await self.sources[i].call_first(
-                    lua.run, script, script_keys, owner, "p", *args
-                )
+                done = await self.sources[i].call_first(lua.run, script, script_keys, owner, *args)
             if released is not None:
-                released[i] = done == 1
+                released[i] = int(done)
         except Exception as exc:
+            if released is not None:
+                released[i] = -1
             _log.debug("redlock release on %s failed: %s", self.sources[i].describe(), exc)
+
+    def _release_call(
+        self, spec: LockSpec, keys: Keys, i: int, *, holder: bool
+    ) -> tuple[lua.Script, tuple[bytes, ...], tuple[Any, ...]]:
+        """The release script for master ``i``, its keys and its arguments after the
+        owner's (see :meth:`release_on`)."""
+        if spec.kind is not Kind.MUTEX:
+            script, script_keys, args = release_call(spec, keys)
+            return script, script_keys, ("p", *args)
+        if i == arbiter(keys, len(self.sources)):
+            courtesy = (lua.COURTESY_MS, "c") if holder else ()
+            return lua.MUTEX_RELEASE, keys.mutex_release_c, ("p", self._client_id, 0, *courtesy)
+        return lua.MUTEX_RELEASE, keys.mutex_release, ("q" if holder else "p",)
 
 
 def _mirror(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
@@ -304,10 +337,16 @@ def acquire_call(
     client_id: str,
     fence_ms: int,
     identity: bytes,
+    registers: str | None = None,
 ) -> tuple[lua.Script, tuple[bytes, ...], tuple[Any, ...]]:
     """The acquire script of ``spec``'s kind, its keys and its arguments (the client's
-    ``identity`` last: each master stores it with the grant, for inspect)."""
+    ``identity`` last: each master stores it with the grant, for inspect). On a mutex's
+    arbiter, ``registers`` is the pub/sub-mode flag (``r``: a refusal registers the client
+    among the waiting ones, see :mod:`._redlock_wake`)."""
     fence = fence_ms
+    if spec.kind is Kind.MUTEX and registers is not None:
+        args = (owner, ms, client_id, registers, "0", fence, identity)
+        return lua.MUTEX_ACQUIRE, keys.mutex_acquire_c, args
     if spec.kind is Kind.MUTEX:
         # The client id only matters to a courtesy left by a release; ours leave none.
         return lua.MUTEX_ACQUIRE, keys.mutex_acquire, (owner, ms, client_id, fence, identity)

@@ -176,10 +176,14 @@ local now = tonumber(_t[1]) * 1000 + math.floor(tonumber(_t[2]) / 1000)
 
 # notify(channel or list, payload, mode, cap, registry): registry is the list's waiter ZSET
 # (false: push unconditionally, for a fair waiter's own list). Returns how many waiting
-# clients it reached: pub/sub, the subscribers; BLPOP, the registered waiters.
+# clients it reached: pub/sub, the subscribers; BLPOP, the registered waiters. Mode 'q'
+# (quiet) tells nobody: a Redlock release on a master other than the name's arbiter, whose
+# release wakes the next waiting client (see _redlock_release).
 _NOTIFY = f"""
 local function notify(key, msg, mode, cap, registry)
-  if mode == 'p' then
+  if mode == 'q' then
+    return 0
+  elseif mode == 'p' then
     return redis.call('PUBLISH', key, msg)
   elseif mode == 's' then
     return redis.call('SPUBLISH', key, msg)
@@ -221,11 +225,20 @@ end
 # long as the clock did not step back by more than the time the loss took: a failover or a
 # restart takes far longer than the microseconds a counter can run ahead of the clock (one
 # per grant). ttl_ms '0': the counter never expires. Exact in Lua's doubles (about 1.8e15,
-# far below 2^53).
+# far below 2^53). ttl_ms 'MS:FLOOR' (Redlock, a master asked after the arbiter granted): the
+# arbiter's token FLOOR, a reading of its clock, stands for this server's clock, so that the
+# masters of a quorum agree on one token and no write phase is needed to spread it.
 _NEXT_TOKEN = """
 local function next_token(fence, ttl_ms)
-  local t = redis.call('TIME')
-  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local clock
+  local sep = string.find(ttl_ms, ':', 1, true)
+  if sep then
+    clock = tonumber(string.sub(ttl_ms, sep + 1))
+    ttl_ms = string.sub(ttl_ms, 1, sep - 1)
+  else
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
   local token = math.max((tonumber(redis.call('GET', fence)) or 0) + 1, clock)
   if ttl_ms == '0' then
     redis.call('SET', fence, string.format('%.0f', token))
@@ -371,8 +384,10 @@ MUTEX_RELEASE: Final = Script(
 -- KEYS[1] lock, KEYS[2] signal, KEYS[3] waiters (BLPOP registry), KEYS[4] yield; pub/sub
 -- mode also KEYS[5] clients, KEYS[6] run
 -- ARGV[1] owner, ARGV[2] notify mode; optional ARGV[3] client id, ARGV[4] waiters of this
--- client notified too (its own subscription / registrations), ARGV[5] courtesy ms
--- -> 1 released | 0 not the owner (never held, released already, or expired)
+-- client notified too (its own subscription / registrations), ARGV[5] courtesy ms, ARGV[6]
+-- 'c': tell whom it woke
+-- -> 1 released | 0 not the owner (never held, released already, or expired); with ARGV[6],
+-- 2 released and another client woken (this one left a courtesy), 3 this client woken
 -- Compare-and-delete, then wake the longest-registered client (pub/sub mode), or else one
 -- waiter per process ("1" on the lock's channel: clients that do not register). If another
 -- client was woken, this one stays out for the courtesy (until the woken one takes the lock,
@@ -390,8 +405,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   else
     others = notify(KEYS[2], '1', ARGV[2], 1, KEYS[3]) > tonumber(ARGV[4] or '0')
   end
-  if ARGV[5] and others and not in_run then
+  local courtesy = ARGV[5] and others and not in_run
+  if courtesy then
     redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[5])
+  end
+  if ARGV[6] == 'c' then
+    if woken and not others then return 3 end
+    if courtesy then return 2 end
   end
   return 1
 end
