@@ -58,13 +58,13 @@ from ._redlock_rounds import (
     load,
     quorum,
     renew_call,
+    retry_after,
 )
 from ._redlock_wake import ArbiterWakeups
 from ._settings import identity_arg, lease_ms
 
 if TYPE_CHECKING:
     from .. import ParsedURL
-    from ._keys import Keys
 
 __all__ = ["RedlockBackend", "quorum"]
 
@@ -177,7 +177,9 @@ class RedlockBackend:
             client_id=self._client_id,
             spawn=self._spawn,
         )
-        self._wake = ArbiterWakeups(self._masters, self._client_id, self._spawn)
+        self._wake = ArbiterWakeups(
+            self._masters, self._client_id, self._spawn, lambda owner: owner in self._waiting
+        )
         self._connects = QuorumConnect(
             self._sources, load, majority=self._majority, where=self._where
         )
@@ -370,10 +372,14 @@ class RedlockBackend:
                     # than its lease.
                     self._valid[owner] = valid_until
                     self._ttls[owner] = ttl
+                    if lead is not None:
+                        self._wake.answered(keys, lead, owner, rnd, calls[lead][2], granted=True)
                     return Grant(token)
         except BaseException:
             abandoned.set_result(None)
             masters.give_back(spec, owner, rnd)  # in the background: we are leaving
+            if lead is not None:
+                self._wake.abandoned(keys, lead, owner, calls[lead][2])
             raise
         # Not ours: give back what was granted, and what may still be granted.
         abandoned.set_result(None)
@@ -397,33 +403,14 @@ class RedlockBackend:
                 f"redis acquire failed on {self._where}: {failed} of {n} masters failed, "
                 f"a quorum is {need} ({type(error).__name__}: {error})"
             ) from error
-        retry: float | None = None
-        if len(rnd.replies) + failed < n:
-            # Some masters did not answer in time (stopped, partitioned): ask again after
-            # another per-master timeout, without waiting for a wakeup they cannot send.
-            retry = self._timeout(ttl)
-        waits = sorted(int(v[1]) for v in rnd.replies.values() if v[0] == 0 and v[1] >= 0)
-        if waits:
-            # Free on a quorum once enough of the refusals have expired.
-            index = min(len(waits) - 1, max(0, need - len(granted) - 1))
-            expiry = max(waits[index] + 1, 1) / 1000.0
-            retry = expiry if retry is None else min(retry, expiry)
-        if lead is not None and self._unregistered(rnd, lead, calls[lead]):
-            # Not registered among the arbiter's waiting clients, so no release there will
-            # wake us: ask again soon (a refusal then registers us).
-            retry = LEAD_GRACE if retry is None else min(retry, LEAD_GRACE)
+        retry = retry_after(rnd, need, len(granted), self._timeout(ttl))
+        if lead is not None:
+            state = self._wake.answered(keys, lead, owner, rnd, calls[lead][2], granted=False)
+            if state is False:
+                # Not registered among the arbiter's waiting clients, so no release there
+                # will wake us: ask again soon (a refusal then registers us).
+                retry = LEAD_GRACE if retry is None else min(retry, LEAD_GRACE)
         return Busy(retry)
-
-    @staticmethod
-    def _unregistered(rnd: Round, lead: int, call: tuple[Any, ...]) -> bool:
-        """Whether a failed mutex attempt left its client off the arbiter's waiting clients
-        although the arbiter answered: it granted (votes split with another client's first
-        attempt: given back since), or refused before this client's channel there was live
-        (``-``, see :meth:`~._redlock_wake.ArbiterWakeups.registers`)."""
-        reply = rnd.replies.get(lead)
-        if reply is None:
-            return False
-        return bool(reply[0] == 1 or (reply[0] == 0 and call[2][3] == "-"))
 
     async def release(self, spec: LockSpec, owner: str) -> bool:
         """Release on every master; ``True`` if one that answered still held it.
@@ -540,30 +527,14 @@ class RedlockBackend:
             raise BackendError(f"the redlock backend for {self._where} is not open")
         # Its attempts from now on are re-checks of a woken waiter: arbiter first.
         self._waiting.add(owner)
-        if spec.kind is not Kind.MUTEX:
-            return QuorumWaiter(
-                [hub.waiter(channel, owner) for hub in self._hubs],
-                self._majority,
-                self._spawn,
-                left=partial(self._left, owner),
-            )
-        # A mutex's waiter waits on its client's own channel on the arbiter, where a release
-        # wakes one registered client (see _redlock_wake), and on the lock's channel on the
-        # other masters, where only a release the arbiter did not confirm is published.
-        lead = arbiter(keys, len(self._hubs))
-        mine = self._wake.channel(keys)
-        return QuorumWaiter(
-            [hub.waiter(mine if i == lead else channel, owner) for i, hub in enumerate(self._hubs)],
-            self._majority,
-            self._spawn,
-            left=partial(self._left, owner, keys, lead),
-            lead=lead,
-        )
+        left = partial(self._left, owner)
+        if spec.kind is Kind.MUTEX:
+            return self._wake.waiter(keys, owner, self._majority, left)
+        waiters = [hub.waiter(channel, owner) for hub in self._hubs]
+        return QuorumWaiter(waiters, self._majority, self._spawn, left=left)
 
-    def _left(self, owner: str, keys: Keys | None = None, lead: int = 0, *, failed: bool) -> None:
+    def _left(self, owner: str, *, failed: bool) -> None:
         self._waiting.discard(owner)
-        if keys is not None:
-            self._wake.left(keys, lead, failed=failed)
 
     # ---------------------------------------------------------------- operators
 

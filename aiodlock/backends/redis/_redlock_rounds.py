@@ -37,6 +37,7 @@ __all__ = [
     "quorum",
     "release_call",
     "renew_call",
+    "retry_after",
 ]
 
 _log = logging.getLogger("aiodlock.redis")
@@ -301,6 +302,22 @@ class Masters:
             courtesy = (lua.COURTESY_MS, "c") if holder else ()
             return lua.MUTEX_RELEASE, keys.mutex_release_c, ("p", self._client_id, 0, *courtesy)
         return lua.MUTEX_RELEASE, keys.mutex_release, ("q" if holder else "p",)
+
+
+def retry_after(rnd: Round, need: int, granted: int, timeout: float) -> float | None:
+    """Seconds after which a failed attempt should ask again without a wakeup: a
+    per-master ``timeout`` if some masters did not answer (stopped, partitioned: they
+    cannot send one), or once enough of the refusals have expired to free a quorum
+    (``None``: only a wakeup)."""
+    retry: float | None = None
+    if len(rnd.replies) + len(rnd.errors) < len(rnd.futures):
+        retry = timeout
+    waits = sorted(int(v[1]) for v in rnd.replies.values() if v[0] == 0 and v[1] >= 0)
+    if waits:
+        index = min(len(waits) - 1, max(0, need - granted - 1))
+        expiry = max(waits[index] + 1, 1) / 1000.0
+        retry = expiry if retry is None else min(retry, expiry)
+    return retry
 
 
 def _mirror(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:

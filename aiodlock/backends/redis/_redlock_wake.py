@@ -37,12 +37,15 @@ from typing import TYPE_CHECKING, Any
 from .. import BackendError
 from . import _scripts as lua
 from ._keys import wake_next_keys
+from ._quorum_waiter import QuorumWaiter
+from ._redlock_rounds import arbiter
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from ._keys import Keys
     from ._pubsub import PubSubHub
+    from ._quorum import Round
     from ._redlock_rounds import Masters
 
 __all__ = ["ArbiterWakeups"]
@@ -58,7 +61,7 @@ async def _publish(client: aioredis.Redis, channel: bytes) -> Any:
     return await client.publish(channel, b"1")
 
 
-async def _unregister(client: aioredis.Redis, registry: bytes, member: bytes) -> Any:
+async def _zrem(client: aioredis.Redis, registry: bytes, member: bytes) -> Any:
     return await client.zrem(registry, member)
 
 
@@ -75,6 +78,8 @@ class ArbiterWakeups:
         "_releasing",
         "_silent",
         "_spawn",
+        "_stray",
+        "_waits",
     )
 
     def __init__(
@@ -82,8 +87,10 @@ class ArbiterWakeups:
         masters: Masters,
         client_id: str,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None] | None],
+        waits: Callable[[str], bool],
     ) -> None:
         self._masters = masters
+        self._waits = waits  # whether an owner is inside a waiter
         self._client_id = client_id
         self._client = client_id.encode()
         self._spawn = spawn
@@ -100,6 +107,9 @@ class ArbiterWakeups:
         # Masters that left a release of ours unanswered for its patience, until one answers
         # again: no courtesy is to be expected from them.
         self._silent: set[int] = set()
+        # Owners granted by the other masters while registered on the arbiter: their waiter
+        # takes the client off the registry as it leaves.
+        self._stray: set[str] = set()
 
     def bind(self, hubs: list[PubSubHub]) -> None:
         """The masters' hubs, in the masters' order."""
@@ -213,29 +223,113 @@ class ArbiterWakeups:
                 break
             del courtesy[first]
 
-    def left(self, keys: Keys, arbiter: int, *, failed: bool) -> None:
-        """A waiter of ``keys``' mutex is leaving; if it gave up (not granted: a grant left
-        the registry already) and was this client's last one there, leave the registry, so
-        a release does not pick this client and pay a pass-on."""
+    def answered(
+        self,
+        keys: Keys,
+        arbiter: int,
+        owner: str,
+        rnd: Round,
+        args: tuple[Any, ...],
+        *,
+        granted: bool,
+    ) -> bool | None:
+        """``owner``'s attempt ended (sent to the arbiter with ``args``): whether the arbiter
+        registered this client among its waiting ones (refused it, ``r``: see
+        :meth:`registers`); ``False`` if it granted (given back since, if the round failed:
+        votes split with another client's first attempt) or refused with ``-``; ``None`` if
+        it did not answer. A client registered but not waiting leaves the registry (a grant
+        by the other masters, or a single try: no waiter follows this loop step), so a release
+        does not pick it and pay a pass-on; one still waiting does so when its waiter
+        leaves."""
+        reply = rnd.replies.get(arbiter)
+        if reply is None:
+            return None
+        if reply[0] != 0 or args[3] != "r":
+            return False
+        if self._waits(owner):
+            if granted:
+                self._stray.add(owner)
+        elif granted:
+            self._leave_registry(keys, arbiter, owner, mine=0)
+        else:
+            asyncio.get_running_loop().call_soon(self._single_try, keys, arbiter, owner)
+        return True
+
+    def abandoned(self, keys: Keys, arbiter: int, owner: str, args: tuple[Any, ...]) -> None:
+        """``owner``'s attempt (sent to the arbiter with ``args``) was cancelled, or failed,
+        before its answer was read: it may register this client there as it lands. Unless
+        the owner's waiter leaves, and sees to it, leave the registry after it."""
+        if args[3] == "r" and not self._waits(owner):
+            self._leave_registry(keys, arbiter, owner, mine=0)
+
+    def _single_try(self, keys: Keys, arbiter: int, owner: str) -> None:
+        if not self._waits(owner):
+            self._leave_registry(keys, arbiter, owner, mine=0)
+
+    def waiter(
+        self, keys: Keys, owner: str, need: int, left: Callable[..., object]
+    ) -> QuorumWaiter:
+        """``owner``'s waiter of ``keys``' mutex: on this client's own channel on the
+        arbiter, where a release wakes one registered client, and on the lock's channel on
+        the other masters, where only a release the arbiter did not confirm is published;
+        armed once ``need`` masters confirmed (and the arbiter). ``left(failed=...)`` runs as
+        it leaves."""
+        lead = arbiter(keys, len(self._hubs))
+        mine = self.channel(keys)
+
+        def leaving(*, failed: bool) -> None:
+            left(failed=failed)
+            self.left(keys, lead, owner, failed=failed)
+
+        waiters = [
+            hub.waiter(mine if i == lead else keys.signal, owner)
+            for i, hub in enumerate(self._hubs)
+        ]
+        return QuorumWaiter(waiters, need, self._spawn, left=leaving, lead=lead)
+
+    def left(self, keys: Keys, arbiter: int, owner: str, *, failed: bool) -> None:
+        """``owner``'s waiter of ``keys``' mutex is leaving: if it gave up, or was granted
+        by the other masters while registered on the arbiter, this client leaves the registry
+        (unless another waiter of it remains: a grant through the arbiter took it off)."""
+        stray = owner in self._stray
+        self._stray.discard(owner)
+        if failed or stray:
+            self._leave_registry(keys, arbiter, owner, mine=1)
+
+    def _leave_registry(self, keys: Keys, arbiter: int, owner: str, *, mine: int) -> None:
+        """Take this client off ``keys``' registry unless a waiter of it other than
+        ``owner``'s (``mine``: 1 if that one is still counted there) remains -- once
+        ``owner``'s attempt still in flight there (cancelled, it runs on) has landed, which may
+        register the client again."""
         hub = self._hubs[arbiter]
-        if not failed or hub.waiting(self.channel(keys)) > 1:
+        if hub.waiting(self.channel(keys)) > mine:
             return
         registry = keys.clients
-        source = self._masters.sources[arbiter]
-        leaving = source.submit(_unregister, registry, self._client, first=True)
+        leaving: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._leaving[registry] = leaving
         leaving.add_done_callback(partial(self._left, registry))
-        self._spawn(self._settled(leaving))
+        flight = self._masters.flights.get(owner, {}).get(arbiter)
+        if self._spawn(self._unregister(arbiter, registry, flight, leaving)) is None:
+            leaving.set_result(None)
 
-    def _left(self, registry: bytes, leaving: asyncio.Future[Any]) -> None:
+    async def _unregister(
+        self,
+        arbiter: int,
+        registry: bytes,
+        flight: asyncio.Future[Any] | None,
+        leaving: asyncio.Future[None],
+    ) -> None:
+        try:
+            if flight is not None:
+                await asyncio.wait((flight,))
+            await self._quietly(arbiter, "leaving a waiting list", _zrem, registry, self._client)
+        finally:
+            if not leaving.done():
+                leaving.set_result(None)
+
+    def _left(self, registry: bytes, leaving: asyncio.Future[None]) -> None:
         if self._leaving.get(registry) is leaving:
             del self._leaving[registry]
-        if not leaving.cancelled() and leaving.exception() is not None:
-            _log.debug("leaving a redlock waiting list failed: %s", leaving.exception())
-
-    @staticmethod
-    async def _settled(outcome: asyncio.Future[Any]) -> None:
-        await asyncio.wait((outcome,))  # settle() waits for it; its error is logged above
 
     async def _quietly(
         self,
