@@ -32,6 +32,8 @@ class Membership(Protocol):
 
     closed: bool
 
+    def subscription(self, channel: bytes) -> int: ...
+
     async def _join(self, w: PubSubWaiter) -> None: ...
 
     def _leave(self, w: PubSubWaiter, *, failed: bool) -> None: ...
@@ -100,6 +102,11 @@ class PubSubWaiter:
     def active(self) -> bool:
         """Entered and still on its channel (false once left, or evicted: see the module)."""
         return self._ch is not None
+
+    @property
+    def ready(self) -> bool:
+        """Its channel is subscribed now: entering returns without waiting."""
+        return self._hub.subscription(self.name) != 0
 
     @property
     def woken(self) -> bool:

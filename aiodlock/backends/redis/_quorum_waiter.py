@@ -90,6 +90,9 @@ class QuorumWaiter:
     async def __aenter__(self) -> QuorumWaiter:
         lead: asyncio.Task[None] | None = None
         for w in self._waiters:
+            if w.ready:
+                await self._arm(w)  # its channel is live: no wait, and no task to run it
+                continue
             task = self._spawn(self._arm(w))
             if task is not None:
                 self._tasks.append(task)

@@ -174,34 +174,34 @@ class Masters:
         the quorum agrees on one token, and the grant needs no write phase.
         """
         first = send(arbiter, None)
-
-        async def after(i: int, outcome: asyncio.Future[Any]) -> None:
-            try:
-                await asyncio.wait(
-                    (first, abandoned), timeout=patience, return_when=asyncio.FIRST_COMPLETED
-                )
-                answered = first.done() and not first.cancelled() and first.exception() is None
-                if abandoned.done() or (answered and first.result()[0] != 1):
-                    outcome.set_result(NOT_ASKED)
-                    return
-                sent = send(i, int(first.result()[1]) if answered else None)
-                await asyncio.wait((sent,))
-            except BaseException:
-                outcome.cancel()
-                raise
-            _mirror(sent, outcome)
-
         loop = asyncio.get_running_loop()
-        futures = []
-        for i in range(len(self.sources)):
-            if i == arbiter:
-                futures.append(first)
-                continue
-            outcome: asyncio.Future[Any] = loop.create_future()
-            if self._spawn(after(i, outcome)) is None:
-                outcome.set_exception(self.closed_error())
-            futures.append(outcome)
-        return futures
+        outcomes: dict[int, asyncio.Future[Any]] = {
+            i: loop.create_future() for i in range(len(self.sources)) if i != arbiter
+        }
+        decided = False
+
+        # Callbacks, not a task per master: most such attempts are refused by the arbiter.
+        def decide(_: object = None) -> None:
+            nonlocal decided
+            if decided:
+                return
+            decided = True
+            timer.cancel()
+            answered = first.done() and not first.cancelled() and first.exception() is None
+            if abandoned.done() or (answered and first.result()[0] != 1):
+                for outcome in outcomes.values():
+                    if not outcome.done():
+                        outcome.set_result(NOT_ASKED)
+                return
+            floor = int(first.result()[1]) if answered else None
+            for i, outcome in outcomes.items():
+                if not outcome.done():
+                    send(i, floor).add_done_callback(partial(_relay, outcome))
+
+        timer = loop.call_later(patience, decide)
+        first.add_done_callback(decide)
+        abandoned.add_done_callback(decide)
+        return [first if i == arbiter else outcomes[i] for i in range(len(self.sources))]
 
     async def raise_fence(self, keys: Keys, granted: dict[int, int], budget: float) -> int | None:
         """The write phase: make the quorum's maximum token known to a quorum of masters
@@ -318,6 +318,12 @@ def retry_after(rnd: Round, need: int, granted: int, timeout: float) -> float | 
         expiry = max(waits[index] + 1, 1) / 1000.0
         retry = expiry if retry is None else min(retry, expiry)
     return retry
+
+
+def _relay(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """Done callback: give ``target`` (unless done already) the outcome of ``source``."""
+    if not target.done():
+        _mirror(source, target)
 
 
 def _mirror(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
