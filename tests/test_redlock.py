@@ -682,6 +682,19 @@ async def test_a_wakeup_banked_while_the_arbiter_is_silent_does_not_wedge_it(
             await raw.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _arbiter_raw(
+    masters: RedlockMasters, ns: str
+) -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """The hash tag of ``job`` in ``ns`` and a raw client of its arbiter master."""
+    tag, arbiter = _arbiter_of(masters, ns, "job")
+    raw = _raw(masters, arbiter)
+    try:
+        yield tag, raw
+    finally:
+        await raw.aclose()
+
+
 async def _registered(raw: aioredis.Redis, tag: str, count: int) -> bool:
     return bool(await raw.zcard(tag + ":clients") == count)
 
@@ -693,40 +706,35 @@ async def test_a_release_wakes_one_waiting_client(masters: RedlockMasters) -> No
     refused). Here three clients wait; each release lets exactly one of them in, with one
     attempt on the arbiter, until all three held the lock."""
     ns = NS + "one"
-    tag, arbiter = _arbiter_of(masters, ns, "job")
-    raw = _raw(masters, arbiter)
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            clients = [
-                await stack.enter_async_context(aiodlock.connect(masters.url, namespace=ns))
-                for _ in range(4)
-            ]
-            # Every master's counter far ahead of its clock, and the same: each grant then
-            # gets the same token everywhere, and no write phase adds a script to the count.
-            fence = time.time_ns() // 1000 + 10**12
-            for i in range(len(masters.servers)):
-                other = _raw(masters, i)
-                try:
-                    await other.set(tag + ":fence", fence)
-                finally:
-                    await other.aclose()
-            lease = await clients[0].lock("job", ttl=30).acquire()
-            waiting = {
-                asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20)) for c in clients[1:]
-            }
-            await eventually(partial(_registered, raw, tag, 3))
-            while waiting:
-                before = await _quiet(raw, longer_than=0.3)
-                await lease.release()
-                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                [task] = done
-                lease = task.result()
-                # The release and the one attempt it woke; nobody else asked.
-                assert await _quiet(raw, longer_than=0.3) == before + 2
-                assert await _registered(raw, tag, len(waiting))
+    async with _arbiter_raw(masters, ns) as (tag, raw), contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(aiodlock.connect(masters.url, namespace=ns))
+            for _ in range(4)
+        ]
+        # Every master's counter far ahead of its clock, and the same: each grant then gets
+        # the same token everywhere, and no write phase adds a script to the count.
+        fence = time.time_ns() // 1000 + 10**12
+        for i in range(len(masters.servers)):
+            other = _raw(masters, i)
+            try:
+                await other.set(tag + ":fence", fence)
+            finally:
+                await other.aclose()
+        lease = await clients[0].lock("job", ttl=30).acquire()
+        waiting = {
+            asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20)) for c in clients[1:]
+        }
+        await eventually(partial(_registered, raw, tag, 3))
+        while waiting:
+            before = await _quiet(raw, longer_than=0.3)
             await lease.release()
-    finally:
-        await raw.aclose()
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            [task] = done
+            lease = task.result()
+            # The release and the one attempt it woke; nobody else asked.
+            assert await _quiet(raw, longer_than=0.3) == before + 2
+            assert await _registered(raw, tag, len(waiting))
+        await lease.release()
 
 
 async def test_a_wakeup_for_a_client_that_stopped_waiting_goes_on(
@@ -736,33 +744,29 @@ async def test_a_wakeup_for_a_client_that_stopped_waiting_goes_on(
     lingers): that client passes the wakeup on to the next registered one (``WAKE_NEXT``),
     which would otherwise wait for the holder's lease (30 s) to run out."""
     ns = NS + "passon"
-    tag, arbiter = _arbiter_of(masters, ns, "job")
-    raw = _raw(masters, arbiter)
-    try:
-        async with (
-            aiodlock.connect(masters.url, namespace=ns) as a,
-            aiodlock.connect(masters.url, namespace=ns) as b,
-            aiodlock.connect(masters.url, namespace=ns) as c,
-        ):
-            lease = await a.lock("job", ttl=30).acquire()
-            gives_up = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
-            await eventually(partial(_registered, raw, tag, 1))
-            [head] = await raw.zrange(tag + ":clients", 0, -1, withscores=True)
-            first, score = cast("tuple[bytes, float]", head)
-            stays = asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20))
-            await eventually(partial(_registered, raw, tag, 2))
-            gives_up.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gives_up
-            # It left the registry as it gave up; put it back at the head, as if its removal
-            # had not landed yet, while its channel still lingers (1 s).
-            await eventually(partial(_registered, raw, tag, 1))
-            await raw.zadd(tag + ":clients", {first: score})
-            await lease.release()
-            second = await asyncio.wait_for(stays, 10)
-            await second.release()
-    finally:
-        await raw.aclose()
+    async with (
+        _arbiter_raw(masters, ns) as (tag, raw),
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns) as b,
+        aiodlock.connect(masters.url, namespace=ns) as c,
+    ):
+        lease = await a.lock("job", ttl=30).acquire()
+        gives_up = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
+        await eventually(partial(_registered, raw, tag, 1))
+        [head] = await raw.zrange(tag + ":clients", 0, -1, withscores=True)
+        first, score = cast("tuple[bytes, float]", head)
+        stays = asyncio.create_task(c.lock("job", ttl=30).acquire(timeout=20))
+        await eventually(partial(_registered, raw, tag, 2))
+        gives_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gives_up
+        # It left the registry as it gave up; put it back at the head, as if its removal
+        # had not landed yet, while its channel still lingers (1 s).
+        await eventually(partial(_registered, raw, tag, 1))
+        await raw.zadd(tag + ":clients", {first: score})
+        await lease.release()
+        second = await asyncio.wait_for(stays, 10)
+        await second.release()
 
 
 async def test_a_release_the_arbiter_did_not_confirm_is_published_on_the_others(
@@ -772,22 +776,18 @@ async def test_a_release_the_arbiter_did_not_confirm_is_published_on_the_others(
     count on it to wake anyone: its release publishes on the other masters, and the
     waiter is let in after the lead's grace, not when the holder's lease (30 s) ends."""
     ns = NS + "fallback"
-    tag, arbiter = _arbiter_of(masters, ns, "job")
-    raw = _raw(masters, arbiter)
-    try:
-        async with (
-            aiodlock.connect(masters.url, namespace=ns) as a,
-            aiodlock.connect(masters.url, namespace=ns) as b,
-        ):
-            lease = await a.lock("job", ttl=30).acquire()
-            waiting = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
-            await eventually(partial(_registered, raw, tag, 1))
-            assert await raw.delete(tag) == 1  # held on the two others: still a quorum
-            await lease.release()
-            second = await asyncio.wait_for(waiting, 10)
-            await second.release()
-    finally:
-        await raw.aclose()
+    async with (
+        _arbiter_raw(masters, ns) as (tag, raw),
+        aiodlock.connect(masters.url, namespace=ns) as a,
+        aiodlock.connect(masters.url, namespace=ns) as b,
+    ):
+        lease = await a.lock("job", ttl=30).acquire()
+        waiting = asyncio.create_task(b.lock("job", ttl=30).acquire(timeout=20))
+        await eventually(partial(_registered, raw, tag, 1))
+        assert await raw.delete(tag) == 1  # held on the two others: still a quorum
+        await lease.release()
+        second = await asyncio.wait_for(waiting, 10)
+        await second.release()
 
 
 async def test_a_waiter_is_granted_while_the_arbiter_is_stopped(masters: RedlockMasters) -> None:
