@@ -49,7 +49,7 @@ from ._node import NodeSource
 from ._pubsub import PubSubHub
 from ._quorum import Round
 from ._quorum_connect import QuorumConnect
-from ._quorum_waiter import LEAD_GRACE, QuorumWaiter
+from ._quorum_waiter import QuorumWaiter
 from ._redlock_inspect import break_on_masters, inspect_masters, namespaces_on_masters
 from ._redlock_rounds import (
     Masters,
@@ -373,7 +373,7 @@ class RedlockBackend:
                     self._valid[owner] = valid_until
                     self._ttls[owner] = ttl
                     if lead is not None:
-                        self._wake.answered(keys, lead, owner, rnd, calls[lead][2], granted=True)
+                        self._wake.granted(keys, lead, owner, rnd, calls[lead][2])
                     return Grant(token)
         except BaseException:
             abandoned.set_result(None)
@@ -405,11 +405,7 @@ class RedlockBackend:
             ) from error
         retry = retry_after(rnd, need, len(granted), self._timeout(ttl))
         if lead is not None:
-            state = self._wake.answered(keys, lead, owner, rnd, calls[lead][2], granted=False)
-            if state is False:
-                # Not registered among the arbiter's waiting clients, so no release there
-                # will wake us: ask again soon (a refusal then registers us).
-                retry = LEAD_GRACE if retry is None else min(retry, LEAD_GRACE)
+            retry = self._wake.refused(keys, lead, owner, rnd, calls[lead][2], retry)
         return Busy(retry)
 
     async def release(self, spec: LockSpec, owner: str) -> bool:

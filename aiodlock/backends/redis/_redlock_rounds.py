@@ -383,9 +383,8 @@ def acquire_call(
 def release_call(
     spec: LockSpec, keys: Keys
 ) -> tuple[lua.Script, tuple[bytes, ...], tuple[Any, ...]]:
-    """The release script of ``spec``'s kind, its keys and its arguments after the owner's."""
-    if spec.kind is Kind.MUTEX:
-        return lua.MUTEX_RELEASE, keys.mutex_release, ()
+    """The release script of ``spec``'s kind (not a mutex: see :meth:`Masters.release_on`),
+    its keys and its arguments after the owner's."""
     if spec.kind is Kind.READ:
         return lua.READ_RELEASE, keys.read_release, ()
     if spec.kind is Kind.WRITE:

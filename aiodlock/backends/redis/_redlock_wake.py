@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .. import BackendError
 from . import _scripts as lua
 from ._keys import wake_next_keys
-from ._quorum_waiter import QuorumWaiter
+from ._quorum_waiter import LEAD_GRACE, QuorumWaiter
 from ._redlock_rounds import arbiter
 
 if TYPE_CHECKING:
@@ -223,37 +223,49 @@ class ArbiterWakeups:
                 break
             del courtesy[first]
 
-    def answered(
+    def granted(
+        self, keys: Keys, arbiter: int, owner: str, rnd: Round, args: tuple[Any, ...]
+    ) -> None:
+        """``owner`` was granted by the round ``rnd`` (sent to the arbiter with ``args``). If
+        the arbiter refused and registered this client (the other masters granted), it leaves
+        the registry: now if ``owner`` was not waiting, else as its waiter leaves."""
+        if self._registration(rnd, arbiter, args):
+            if self._waits(owner):
+                self._stray.add(owner)
+            else:
+                self._leave_registry(keys, arbiter, owner, mine=0)
+
+    def refused(
         self,
         keys: Keys,
         arbiter: int,
         owner: str,
         rnd: Round,
         args: tuple[Any, ...],
-        *,
-        granted: bool,
-    ) -> bool | None:
-        """``owner``'s attempt ended (sent to the arbiter with ``args``): whether the arbiter
-        registered this client among its waiting ones (refused it, ``r``: see
-        :meth:`registers`); ``False`` if it granted (given back since, if the round failed:
-        votes split with another client's first attempt) or refused with ``-``; ``None`` if
-        it did not answer. A client registered but not waiting leaves the registry (a grant
-        by the other masters, or a single try: no waiter follows this loop step), so a release
-        does not pick it and pay a pass-on; one still waiting does so when its waiter
-        leaves."""
+        retry: float | None,
+    ) -> float | None:
+        """``owner`` was refused by the round ``rnd`` (sent to the arbiter with ``args``):
+        when to ask again, given the round's ``retry``. Not registered although the arbiter
+        answered (it granted, then the round failed: votes split with another client's first
+        attempt; or it refused with ``-``), no release there will wake it: soon
+        (:data:`~._quorum_waiter.LEAD_GRACE`). Registered but not waiting (a single try: no
+        waiter follows this loop step), the client leaves the registry, so a release does
+        not pick it and pay a pass-on."""
+        registered = self._registration(rnd, arbiter, args)
+        if registered is False:
+            return LEAD_GRACE if retry is None else min(retry, LEAD_GRACE)
+        if registered and not self._waits(owner):
+            asyncio.get_running_loop().call_soon(self._single_try, keys, arbiter, owner)
+        return retry
+
+    @staticmethod
+    def _registration(rnd: Round, arbiter: int, args: tuple[Any, ...]) -> bool | None:
+        """Whether the arbiter registered the client among its waiting ones: it refused an
+        attempt sent with ``r`` (see :meth:`registers`); ``None`` if it did not answer."""
         reply = rnd.replies.get(arbiter)
         if reply is None:
             return None
-        if reply[0] != 0 or args[3] != "r":
-            return False
-        if self._waits(owner):
-            if granted:
-                self._stray.add(owner)
-        elif granted:
-            self._leave_registry(keys, arbiter, owner, mine=0)
-        else:
-            asyncio.get_running_loop().call_soon(self._single_try, keys, arbiter, owner)
-        return True
+        return bool(reply[0] == 0 and args[3] == "r")
 
     def abandoned(self, keys: Keys, arbiter: int, owner: str, args: tuple[Any, ...]) -> None:
         """``owner``'s attempt (sent to the arbiter with ``args``) was cancelled, or failed,
