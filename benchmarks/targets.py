@@ -131,6 +131,15 @@ def _incumbent_best(find: Finder, incumbents: tuple[str, ...], field: str, loop:
     return best, who, found
 
 
+def _served(row: Row | None) -> str:
+    """What a processes row's throughput came with: how evenly the processes were served
+    (fewest to most grants) and the longest wait. A lock that lets its holder take it back
+    while others wait is faster, and starves processes; this says which it was."""
+    low, high = _num(row, "grants_min"), _num(row, "grants_max")
+    spread = "" if math.isnan(low) else f"{low:.0f} to {high:.0f} grants per process, "
+    return f"{spread}wait max {_num(row, 'wait_max'):,.0f} ms"
+
+
 def _redis(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     """Redis in one process: ≥ 0.9 of the fencing ceiling (asyncio.Lock + one INCR a grant)."""
     for loop in loops:
@@ -157,13 +166,18 @@ def _processes(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
                                         "contended_procs")  # fmt: skip
     ok = None if math.isnan(thr) else thr >= best and worst <= 250
     cpu, their_cpu = _num(row, "cpu_per_grant_us"), _num(theirs, "cpu_per_grant_us")
+    baton_row = find("pubsub-baton", "contended_procs", loop)
+    # The baton serves every process in turn: no lock that does so can pass it.
+    ceiling = _num(baton_row, "throughput")
+    fair = "" if math.isnan(ceiling) else f"; the fair ceiling (baton) {ceiling:.0f}/s"
     yield _entry("Redis across 10 processes: ≥ the best incumbent, wait max ≤ 250 ms",
                  f"aiodlock pub/sub [{loop}]",
-                 f"{thr:.0f}/s vs {who} {best:.0f}/s; max {worst:.0f} ms; "
-                 f"client CPU per grant {cpu:.0f} vs {their_cpu:.0f} µs", ok)  # fmt: skip
+                 f"{thr:.0f}/s ({_served(row)}) vs {who} {best:.0f}/s ({_served(theirs)})"
+                 f"{fair}; client CPU per grant {cpu:.0f} vs {their_cpu:.0f} µs",
+                 ok)  # fmt: skip
     row = find("aiodlock-redis-fair", "contended_procs", loop)
     eff, worst = _num(row, "efficiency"), _num(row, "wait_max")
-    baton = _num(find("pubsub-baton", "contended_procs", loop), "efficiency")
+    baton = _num(baton_row, "efficiency")
     share = _ratio(eff, baton)
     yield _entry("Redis fair=True across 10 processes: ≥ 0.9 of the baton ceiling, "
                  "wait max ≤ 60 ms", f"aiodlock fair [{loop}]",
@@ -178,11 +192,11 @@ def _redlock(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
     loop = loops[0]
     row = find("aiodlock-redlock", "contended_procs", loop)
     thr, cpu = _num(row, "throughput"), _num(row, "cpu_per_grant_us")
-    best, who, _ = _incumbent_best(find, _REDLOCK_INCUMBENTS, "throughput", loop,
-                                   "contended_procs")  # fmt: skip
+    best, who, theirs = _incumbent_best(find, _REDLOCK_INCUMBENTS, "throughput", loop,
+                                        "contended_procs")  # fmt: skip
     yield _entry("Redlock(3) across 10 processes: ahead of pottery and aioredlock",
                  f"aiodlock redlock [{loop}]",
-                 f"{thr:.0f}/s vs {who} {best:.0f}/s; max {_num(row, 'wait_max'):.0f} ms",
+                 f"{thr:.0f}/s ({_served(row)}) vs {who} {best:.0f}/s ({_served(theirs)})",
                  None if math.isnan(thr) else thr > best)  # fmt: skip
     single = _num(find("aiodlock-redis-pubsub", "contended_procs", loop), "cpu_per_grant_us")
     yield _entry("Redlock(3) across 10 processes: client CPU per grant ≤ 2" + TIMES
@@ -199,13 +213,18 @@ def _zookeeper(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
         for scenario, what, cell_loops in (("contended", "10 tasks in one process", loops),
                                            ("contended_procs", "10 processes", loops[:1])):
             for loop in cell_loops:
-                thr = _num(find(f"aiodlock-zookeeper{suffix}", scenario, loop), "throughput")
-                best, who, _ = _incumbent_best(find, incumbents, "throughput", loop, scenario)
+                row = find(f"aiodlock-zookeeper{suffix}", scenario, loop)
+                thr = _num(row, "throughput")
+                best, who, theirs = _incumbent_best(find, incumbents, "throughput", loop,
+                                                    scenario)  # fmt: skip
                 if math.isinf(best):
                     continue  # no incumbent row of this kind (aiozk skips some on the ensemble)
+                measured = f"{thr:.0f}/s vs {who} {best:.0f}/s"
+                if scenario == "contended_procs":
+                    measured = (f"{thr:.0f}/s ({_served(row)}) vs {who} {best:.0f}/s "
+                                f"({_served(theirs)})")  # fmt: skip
                 yield _entry(f"ZooKeeper {label}, {what}: ahead of aiozk and kazoo",
-                             f"aiodlock zookeeper{suffix} [{loop}]",
-                             f"{thr:.0f}/s vs {who} {best:.0f}/s",
+                             f"aiodlock zookeeper{suffix} [{loop}]", measured,
                              None if math.isnan(thr) else thr > best)  # fmt: skip
 
 
