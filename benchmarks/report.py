@@ -298,6 +298,8 @@ def markdown(doc: Doc) -> str:
             ["load average (1 min)", f"{mach['load_average_1m_before']} before the run, "
              f"{mach['load_average_1m']} after (above {mach['cores']}: other work competed)"],
             *([b, v["version"] or f"not started: {v['error']}"] for b, v in doc["servers"].items()),
+            *([["raw floors against the previous page", _drift(doc["floor_drift"])]]
+              if doc.get("floor_drift") else []),
             ["libraries", ", ".join(f"{k} {v}" for k, v in doc["versions"].items())],
         ]),
         "Client and servers share the machine's cores, and other work may run beside them: "
@@ -412,6 +414,40 @@ def markdown(doc: Doc) -> str:
         "in `benchmarks.json`; the chart in `benchmarks.png`.\n",
     ]
     return "\n".join(out)
+
+
+def floor_drift(previous: Doc, doc: Doc) -> list[dict[str, Any]]:
+    """Each raw floor's p50 in ``doc`` beside the same floor in ``previous`` (the page this
+    run replaces): the same commands with no library, so a change there is the machine's,
+    and absolute figures of the two pages compare only through it."""
+    drift = []
+    for backend in sorted({lib["backend"] for lib in doc["libraries"].values()}):
+        for loop in doc["loops"]:
+            now = _measured_floor(doc, backend, loop)
+            before = _measured_floor(previous, backend, loop)
+            if not (math.isnan(now) or math.isnan(before)):
+                drift.append({"backend": backend, "loop": loop, "before": before, "now": now})
+    return drift
+
+
+def _measured_floor(doc: Doc, backend: str, loop: str) -> float:
+    """The raw floor's p50: its own cell, else as paired in a library's cell (--quick)."""
+    value = _floor_p50(doc, backend, loop)
+    for r in doc["results"] if math.isnan(value) else ():
+        paired = r["median"].get("floor_p50")
+        if (doc["libraries"][r["library"]]["backend"] == backend and r["loop"] == loop
+                and r["scenario"] == "uncontended" and isinstance(paired, int | float)):
+            return float(paired)  # fmt: skip
+    return value
+
+
+def _drift(drift: list[Mapping[str, Any]]) -> str:
+    ratios = sorted(d["now"] / d["before"] for d in drift)
+    cells = ", ".join(
+        f"{d['backend']} {d['loop']} {d['before']:.3f} → {d['now']:.3f} ms" for d in drift
+    )
+    return (f"median {ratios[len(ratios) // 2]:.2f}{TIMES} the previous page's (p50: {cells}): "
+            "compare absolute figures across pages through this")  # fmt: skip
 
 
 def rerender(doc: Doc) -> dict[str, Any]:

@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             cells, runs, servers, settings, loops=args.loops,
             seconds=time.perf_counter() - began, quick=args.quick, load_before=load_before,
         )  # fmt: skip
+    previous = args.out / "benchmarks.json"
+    if previous.exists():
+        document["floor_drift"] = report.floor_drift(json.loads(previous.read_text()), document)
     write(document, args.out)
     print(f"in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     return 0
