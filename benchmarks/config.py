@@ -26,6 +26,13 @@ class Settings:
     """Lease of the crashing holder in scenario 4 (Redis; python-redis-lock rounds up to 1 s)."""
     session_timeout: float = 1.0
     """ZooKeeper session timeout of the crashing holder in scenario 4."""
+    storm_processes: int = 2
+    storm_tasks: int = 100
+    """Tasks per process in the cancellation storm (scenario 6)."""
+    storm_duration: float = 10.0
+    storm_ttl: float = 5.0
+    storm_session_timeout: float = 2.0
+    """ZooKeeper session timeout of the storm's clients."""
 
     def params(self) -> dict[str, float | int]:
         return asdict(self)
@@ -33,5 +40,13 @@ class Settings:
 
 FULL = Settings()
 QUICK = replace(
-    FULL, repeat=1, cycles=300, warmup=50, duration=1.0, settle=0.5, drain_timeout=3.0, trials=1
+    FULL,
+    repeat=1,
+    cycles=300,
+    warmup=50,
+    duration=1.0,
+    settle=0.5,
+    drain_timeout=3.0,
+    trials=1,
+    storm_duration=3.0,
 )

@@ -39,6 +39,9 @@ def brief(answer: Mapping[str, object]) -> str:
     assert isinstance(m, dict)
     if "p50" in m:
         return f"p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms"
+    if "free_after_ms" in m:
+        return (f"{m['grants']} grants ({m['throughput']:.0f}/s)  free after "
+                f"{m['free_after_ms']:.0f} ms  overlaps {m['violations']}")  # fmt: skip
     if "throughput" in m:
         return f"{m['throughput']:.0f}/s  wait p99 {m['wait_p99']:.1f} ms"
     if "connections" in m:
@@ -228,6 +231,21 @@ def _handoff(doc: Doc, backend: str) -> str:
     return _table(["library", "loop", "p50 ms", "max ms", "measurement ±ms"], lines)
 
 
+def _storm(doc: Doc, backend: str) -> str:
+    lines = []
+    for r in _rows(doc, backend, "storm"):
+        m = r["median"]
+        if not m:
+            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", ""])
+            continue
+        lines.append([_label(doc, r), r["loop"], _f(m["grants"], 0), _f(m["throughput"], 0),
+                      f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}",
+                      _f(m["free_after_ms"], 1), _f(m["violations"], 0),
+                      _f(m["cpu_per_grant_us"], 0)])  # fmt: skip
+    return _table(["library", "loop", "grants", "grants/s", "grants per process",
+                   "free after ms", "overlaps", "client CPU µs per grant"], lines)  # fmt: skip
+
+
 def _versus(doc: Doc, backend: str) -> str:
     """aiodlock ÷ each incumbent, same run: the headline ratios."""
     libs = doc["libraries"]
@@ -382,6 +400,16 @@ def markdown(doc: Doc) -> str:
         "election timeout, so aetcd's figure includes 0.5 s more); etcd revokes expired "
         "leases on a 500 ms tick. MySQL, PostgreSQL: from the "
         "holder's exit.",
+        f"- **Cancellation storm** (aiodlock only: the incumbents have no comparable "
+        f"recipe under cancellation): {s['storm_processes']} processes of "
+        f"{s['storm_tasks']} tasks each loop on one lock for {s['storm_duration']:g} s "
+        "(lease "
+        f"{s['storm_ttl']:g} s; ZooKeeper session timeout {s['storm_session_timeout']:g} s); "
+        "every acquisition is cut off by a timeout drawn from 0-50 ms at whatever await point "
+        "it reached, and a granted task holds the lock 0-2 ms. *Free after*: with the storm's "
+        "clients still open, how long a fresh client then took to get the lock (what a "
+        "cancelled acquisition left behind would hold it up to the lease). *Overlaps*: more "
+        "holders at once than the lock allows (must be 0).",
         "- Incumbents run with their defaults, except that their redis-py connection pools "
         "may open up to 2000 connections (redis-py 8's default of 100 makes 900 of 1000 "
         "waiters fail with `MaxConnectionsError`). aiodlock rows run under both event loops; "
@@ -401,6 +429,8 @@ def markdown(doc: Doc) -> str:
             "section\n", _contended(doc, backend),
             f"### {s['waiters']} waiters on one held lock\n", _waiters(doc, backend),
             "### Handoff after a holder crash\n", _handoff(doc, backend),
+            *(["### Cancellation storm\n", _storm(doc, backend)]
+              if _rows(doc, backend, "storm") else []),
             "### aiodlock against each incumbent\n", _versus(doc, backend),
         ]  # fmt: skip
     out += [

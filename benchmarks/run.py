@@ -86,7 +86,9 @@ def plan(backends: list[str], loops: list[str], all_loops: bool,
                 continue
             if not library.asynchronous:
                 cell_loops = ["threads"]
-            elif scenario == "contended_procs" or (library.role == "incumbent" and not all_loops):
+            elif scenario in ("contended_procs", "storm") or (
+                library.role == "incumbent" and not all_loops
+            ):
                 cell_loops = loops[:1]
             else:
                 cell_loops = loops
@@ -101,6 +103,7 @@ def _planned_seconds(scenario: str, s: Settings) -> float:
         "contended_procs": s.duration + 30,
         "waiters": s.settle + 2 * s.drain_timeout + 30,
         "handoff": s.trials * (s.handoff_ttl + s.session_timeout + 20),
+        "storm": s.storm_duration + s.storm_ttl + 40,
     }[scenario]
 
 

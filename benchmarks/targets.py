@@ -43,6 +43,10 @@ ROWS: frozenset[tuple[str, str]] = frozenset(
             for kind in ("aiodlock", "fenced-floor")
             for backend in ("mysql", "postgres")
         ),
+        *(
+            (f"aiodlock-zookeeper{variant}", "storm")
+            for variant in ("", "-fair", "-semaphore")
+        ),
     }
 )
 """The cells (library, scenario) the targets read: what ``--quick`` runs."""
@@ -74,6 +78,7 @@ def check(
         *_redis(find, loops),
         *_processes(find, loops),
         *_sql(find, loops),
+        *_storm(find, loops),
         *_quick(seconds, quick),
     ]
     # A backend that was not run (--only) or a row that failed has nothing to check.
@@ -243,3 +248,30 @@ def _sql(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
                          f"{ratio:.2f}{TIMES} ({mine:.2f}{TIMES} raw floor, fenced floor "
                          f"{fenced:.2f}{TIMES}; client CPU {cpu:.2f}{TIMES} the raw floor's)",
                          None if math.isnan(ratio) else ratio <= 1.15)  # fmt: skip
+
+
+def _storm(find: Finder, loops: list[str]) -> Iterator[dict[str, object]]:
+    """ZooKeeper under the cancellation storm: ≥ 300 grants in 10 s (30/s) for the mutex and
+    the semaphore, free again within the lease; ``fair=True`` within 2x of the unfair mutex."""
+    loop = loops[0]
+    rows = {variant: find(f"aiodlock-zookeeper{variant}", "storm", loop)
+            for variant in ("", "-semaphore", "-fair")}  # fmt: skip
+    for variant, label in (("", "mutex"), ("-semaphore", "semaphore, limit 3")):
+        row = rows[variant]
+        thr, free = _num(row, "throughput"), _num(row, "free_after_ms")
+        ok = thr >= 30 and _num(row, "violations") == 0 and free < _num(row, "lease_ms")
+        yield _entry("ZooKeeper cancellation storm: ≥ 300 grants in 10 s, free again within "
+                     "the lease", f"aiodlock zookeeper {label} [{loop}]",
+                     f"{thr * 10:.0f} per 10 s ({_num(row, 'grants'):.0f} grants, "
+                     f"{_num(row, 'grants_min'):.0f} to {_num(row, 'grants_max'):.0f} per "
+                     f"process); free after {free:.0f} ms; overlaps "
+                     f"{_num(row, 'violations'):.0f}",
+                     None if math.isnan(thr) else ok)  # fmt: skip
+    fair, unfair = _num(rows["-fair"], "throughput"), _num(rows[""], "throughput")
+    share = _ratio(fair, unfair)
+    yield _entry("ZooKeeper cancellation storm: fair=True within 2" + TIMES
+                 + " of the unfair mutex", f"aiodlock zookeeper fair=True [{loop}]",
+                 f"{share:.2f} of the unfair mutex's grants ({fair * 10:.0f} vs "
+                 f"{unfair * 10:.0f} per 10 s); free after "
+                 f"{_num(rows['-fair'], 'free_after_ms'):.0f} ms",
+                 None if math.isnan(share) else share >= 0.5)  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .adapters import by_key
 from .adapters.base import AsyncAdapter, Endpoint, SyncAdapter
-from .scenarios import contended, contended_procs, handoff, uncontended, waiters
+from .scenarios import contended, contended_procs, handoff, storm, uncontended, waiters
 
 __all__ = ["main"]
 
@@ -128,6 +128,19 @@ async def _cell(job: Job) -> dict[str, object]:
 
         return await _with_adapter(job, handoff_body)
 
+    if scenario == "storm":
+        session_timeout = p["storm_session_timeout"]
+        adapter = _async(_build(job, session_timeout=session_timeout))
+        await _opened(adapter)
+        try:
+            return await storm.run(
+                {**job, "session_timeout": session_timeout}, adapter,
+                processes=p["storm_processes"], tasks=p["storm_tasks"],
+                duration=p["storm_duration"], ttl=p["storm_ttl"], limit=adapter.holders,
+            )  # fmt: skip
+        finally:
+            await _closed(adapter)
+
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -168,6 +181,23 @@ async def _member(job: Job) -> dict[str, object]:
     return await _with_adapter(job, body)
 
 
+async def _storm_member(job: Job) -> dict[str, object]:
+    """One process of the cancellation storm: ready, storm, report, then keep the client
+    open until told to exit (what the storm left must still be there for the probe)."""
+    adapter = _async(_build(job, session_timeout=job["session_timeout"]))
+    await _opened(adapter)
+    try:
+        print("ready", flush=True)
+        start, duration = map(float, (await asyncio.to_thread(sys.stdin.readline)).split())
+        answer = await storm.member(adapter, job["name"], tasks=job["tasks"], start=start,
+                                    duration=duration, ttl=job["ttl"])  # fmt: skip
+        print(json.dumps(answer), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # "exit"
+        return answer
+    finally:
+        await _closed(adapter)
+
+
 async def _holder(job: Job) -> None:
     """Take the lock, say so, and die without releasing it (``os._exit``: a crash)."""
     adapter = _build(job, session_timeout=job["session_timeout"])
@@ -198,6 +228,9 @@ def main(argv: list[str]) -> int:
         return 1  # not reached: the holder exits without cleaning up
     if mode == "member":
         print(json.dumps(_run(loop, _member(job))), flush=True)
+        return 0
+    if mode == "storm-member":
+        _run(loop, _storm_member(job))
         return 0
     started = time.perf_counter()
     try:

@@ -17,7 +17,7 @@ from .base import AsyncAdapter, Endpoint, SyncAdapter
 __all__ = ["LIBRARIES", "Library", "by_key"]
 
 Role = Literal["floor", "aiodlock", "incumbent", "reference"]
-ALL_SCENARIOS = ("uncontended", "contended", "contended_procs", "waiters", "handoff")
+ALL_SCENARIOS = ("uncontended", "contended", "contended_procs", "waiters", "handoff", "storm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Library:
 
 _WAITING = ("contended", "contended_procs", "waiters", "handoff")
 _AIODLOCK = ("uncontended", "contended", "contended_procs", "waiters", "handoff")
+_STORMED = (*_AIODLOCK, "storm")
 
 LIBRARIES: tuple[Library, ...] = (
     # ------------------------------------------------------------------ Redis
@@ -60,7 +61,7 @@ LIBRARIES: tuple[Library, ...] = (
             "EVALSHA", "redis", "reference", "fenced", "FencedFloor", True, ("uncontended",),
             ("redis", "hiredis")),
     Library("aiodlock-redis-pubsub", "aiodlock redis:// (pub/sub)", "redis", "aiodlock",
-            "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "redis")),
+            "aiodlock_lib", "AiodlockAdapter", True, _STORMED, ("aiodlock", "redis")),
     Library("aiodlock-redis-blpop", "aiodlock redis://?wakeup=blpop", "redis", "aiodlock",
             "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "redis"),
             {"query": "wakeup=blpop"}),
@@ -115,7 +116,13 @@ LIBRARIES: tuple[Library, ...] = (
     Library("raw-zookeeper", "raw floor: create + get_children + delete", "zookeeper", "floor",
             "raw", "RawZooKeeper", True, ("uncontended",), ("aiozk",)),
     Library("aiodlock-zookeeper", "aiodlock zookeeper://", "zookeeper", "aiodlock",
-            "aiodlock_lib", "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "aiozk")),
+            "aiodlock_lib", "AiodlockAdapter", True, _STORMED, ("aiodlock", "aiozk")),
+    Library("aiodlock-zookeeper-fair", "aiodlock zookeeper:// fair=True", "zookeeper",
+            "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, ("storm",),
+            ("aiodlock", "aiozk"), {"fair": "1"}),
+    Library("aiodlock-zookeeper-semaphore", "aiodlock zookeeper:// semaphore, limit 3",
+            "zookeeper", "aiodlock", "aiodlock_lib", "AiodlockAdapter", True, ("storm",),
+            ("aiodlock", "aiozk"), {"limit": "3"}),
     Library("kazoo", "kazoo Lock (threads)", "zookeeper", "incumbent", "kazoo_lib",
             "KazooLockAdapter", False, ("uncontended", *_WAITING), ("kazoo",)),
     Library("aiozk", "aiozk recipes.Lock", "zookeeper", "incumbent", "aiozk_lib",
@@ -146,7 +153,7 @@ LIBRARIES: tuple[Library, ...] = (
             "RELEASE_LOCK", "mysql", "reference", "fenced", "FencedFloor", True, ("uncontended",),
             ("aiomysql",)),
     Library("aiodlock-mysql", "aiodlock mysql://", "mysql", "aiodlock", "aiodlock_lib",
-            "AiodlockAdapter", True, _AIODLOCK, ("aiodlock", "aiomysql")),
+            "AiodlockAdapter", True, _STORMED, ("aiodlock", "aiomysql")),
     # ------------------------------------------------------------------ PostgreSQL
     Library("raw-postgres", "raw floor: pg_try_advisory_lock + pg_advisory_unlock", "postgres",
             "floor", "raw", "RawPostgres", True, ("uncontended",), ("asyncpg",)),

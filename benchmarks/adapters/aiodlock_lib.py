@@ -16,7 +16,8 @@ NAMESPACE = "bench"
 class AiodlockAdapter(AsyncAdapter):
     """One :class:`aiodlock.LockClient`; ``query`` is appended to the URL (``wakeup=blpop``).
 
-    ``fair="1"`` takes ``locks.lock(name, fair=True)`` (FIFO handoff) instead.
+    ``fair="1"`` takes ``locks.lock(name, fair=True)`` (FIFO handoff) instead, and
+    ``limit="3"`` ``locks.semaphore(name, limit=3)``.
     """
 
     backend = "any"
@@ -27,10 +28,13 @@ class AiodlockAdapter(AsyncAdapter):
         *,
         query: str = "",
         fair: str = "",
+        limit: str = "",
         session_timeout: float = 10.0,
     ) -> None:
         super().__init__(endpoint)
         self.fair = bool(fair)
+        self.limit = int(limit) if limit else None
+        self.holders = self.limit or 1
         params = [query] if query else []
         if endpoint.family == "zookeeper":
             params.append(f"session_timeout={session_timeout:g}")
@@ -53,6 +57,8 @@ class AiodlockAdapter(AsyncAdapter):
             await self._client.aclose()
 
     def hold(self, name: str, *, ttl: float) -> AbstractAsyncContextManager[object]:
+        if self.limit is not None:
+            return self.client.semaphore(name, limit=self.limit, ttl=ttl)
         return self.client.lock(name, ttl=ttl, fair=self.fair)
 
     def server_key(self, name: str) -> str | None:

@@ -85,6 +85,9 @@ class _Adapter:
     #: The server it talks to: "redis", "zookeeper", "mysql" or "none".
     backend: ClassVar[str]
 
+    #: How many may hold one name at once (a semaphore's limit).
+    holders: int = 1
+
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
 
