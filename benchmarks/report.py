@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import machine, targets
@@ -147,6 +147,22 @@ def _table(header: Sequence[str], lines: list[list[str]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _section(
+    doc: Doc,
+    rows: list[Mapping[str, Any]],
+    header: Sequence[str],
+    cells: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]],
+) -> str:
+    """One table: a line per row, its library and loop, then ``cells(row, medians)`` (or
+    why the row has no result)."""
+    lines = []
+    for r in rows:
+        m = r["median"]
+        rest = cells(r, m) if m else [_failed(r), *[""] * (len(header) - 3)]
+        lines.append([_label(doc, r), r["loop"], *rest])
+    return _table(header, lines)
+
+
 def _floor_p50(doc: Doc, backend: str, loop: str) -> float:
     for r in doc["results"]:
         lib = doc["libraries"][r["library"]]
@@ -163,87 +179,71 @@ def _floor_p50(doc: Doc, backend: str, loop: str) -> float:
 
 
 def _uncontended(doc: Doc, backend: str) -> str:
-    lines = []
-    for r in _rows(doc, backend, "uncontended"):
-        m = r["median"]
-        if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", ""])
-            continue
+    def cells(r: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
         if isinstance(m.get("ratio_p50"), int | float):
             ratio = _f(m["ratio_p50"], 2, TIMES)  # paired with the floor in the same process
         else:
             ratio = _f(m["p50"] / _floor_p50(doc, backend, r["loop"]), 2, TIMES + " *")
         cpu_ratio = _f(m["cpu_ratio"], 2, TIMES) if "cpu_ratio" in m else ""
-        lines.append([_label(doc, r), r["loop"], _f(m["p50"], 3), _f(m["p99"], 3),
-                      _f(m["per_second"], 0), ratio, _f(m.get("cpu_us", math.nan), 0),
-                      cpu_ratio])  # fmt: skip
-    return _table(["library", "loop", "p50 ms", "p99 ms", "cycles/s", "p50 ÷ raw floor",
-                   "client CPU µs", "CPU ÷ raw floor's"], lines)  # fmt: skip
+        return [_f(m["p50"], 3), _f(m["p99"], 3), _f(m["per_second"], 0), ratio,
+                _f(m.get("cpu_us", math.nan), 0), cpu_ratio]  # fmt: skip
+
+    return _section(doc, _rows(doc, backend, "uncontended"),
+                    ["library", "loop", "p50 ms", "p99 ms", "cycles/s", "p50 ÷ raw floor",
+                     "client CPU µs", "CPU ÷ raw floor's"], cells)  # fmt: skip
 
 
 def _contended(doc: Doc, backend: str) -> str:
-    lines = []
-    rows = _rows(doc, backend, "contended") + _rows(doc, backend, "contended_procs")
-    for r in rows:
-        m = r["median"]
-        if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), *[""] * 9])
-            continue
+    def cells(_: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
         stall = " (stalled)" if m.get("stalled") else ""
         spread = ""
         if "grants_min" in m:
             spread = f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}"
-        lines.append([_label(doc, r), r["loop"], _f(m["throughput"], 0) + stall,
-                      _f(m["efficiency"] * 100, 0, " %"), _f(m.get("hold_mean", math.nan), 2),
-                      _f(m.get("handover_p50", math.nan), 3),
-                      _f(m.get("cpu_per_grant_us", math.nan), 0),
-                      _f(m["wait_p50"], 1), _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
-                      str(int(m["violations"])) if m.get("violations") else "0"])  # fmt: skip
-    return _table(["library", "loop", "grants/s", "efficiency", "hold ms", "handover p50 ms",
-                   "client CPU µs per grant", "wait p50 ms",
-                   "wait p99 ms", "wait max ms", "grants per process", "overlaps"],
-                  lines)  # fmt: skip
+        return [_f(m["throughput"], 0) + stall, _f(m["efficiency"] * 100, 0, " %"),
+                _f(m.get("hold_mean", math.nan), 2), _f(m.get("handover_p50", math.nan), 3),
+                _f(m.get("cpu_per_grant_us", math.nan), 0),
+                _f(m["wait_p50"], 1), _f(m["wait_p99"], 1), _f(m["wait_max"], 1), spread,
+                str(int(m["violations"])) if m.get("violations") else "0"]  # fmt: skip
+
+    rows = _rows(doc, backend, "contended") + _rows(doc, backend, "contended_procs")
+    return _section(doc, rows,
+                    ["library", "loop", "grants/s", "efficiency", "hold ms", "handover p50 ms",
+                     "client CPU µs per grant", "wait p50 ms", "wait p99 ms", "wait max ms",
+                     "grants per process", "overlaps"], cells)  # fmt: skip
 
 
 def _waiters(doc: Doc, backend: str) -> str:
-    lines = []
-    for r in _rows(doc, backend, "waiters"):
-        m = r["median"]
-        if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", ""])
-            continue
+    def cells(_: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
         done = f"{m['drained']:.0f}/{m['waiters']:.0f}"
         drain = _f(m["drain_s"], 2) if m.get("complete") else f"> {_f(m['drain_s'], 0)}"
-        lines.append([_label(doc, r), r["loop"], _f(m["connections"], 0),
-                      _f(m["rss_mib"], 1), done, drain])  # fmt: skip
-    return _table(["library", "loop", "connections", "RSS MiB", "drained", "drain s"], lines)
+        return [_f(m["connections"], 0), _f(m["rss_mib"], 1), done, drain]
+
+    return _section(doc, _rows(doc, backend, "waiters"),
+                    ["library", "loop", "connections", "RSS MiB", "drained", "drain s"],
+                    cells)  # fmt: skip
 
 
 def _handoff(doc: Doc, backend: str) -> str:
-    lines = []
-    for r in _rows(doc, backend, "handoff"):
-        m = r["median"]
-        if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", ""])
-            continue
-        lines.append([_label(doc, r), r["loop"], _f(m["handoff_p50"], 1),
-                      _f(m["handoff_max"], 1), f"± {_f(m['uncertainty_ms'], 1)}"])  # fmt: skip
-    return _table(["library", "loop", "p50 ms", "max ms", "measurement ±ms"], lines)
+    def cells(_: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
+        return [_f(m["handoff_p50"], 1), _f(m["handoff_max"], 1),
+                f"± {_f(m['uncertainty_ms'], 1)}"]  # fmt: skip
+
+    return _section(doc, _rows(doc, backend, "handoff"),
+                    ["library", "loop", "p50 ms", "max ms", "measurement ±ms"],
+                    cells)  # fmt: skip
 
 
 def _storm(doc: Doc, backend: str) -> str:
-    lines = []
-    for r in _rows(doc, backend, "storm"):
-        m = r["median"]
-        if not m:
-            lines.append([_label(doc, r), r["loop"], _failed(r), "", "", "", "", ""])
-            continue
-        lines.append([_label(doc, r), r["loop"], _f(m["grants"], 0), _f(m["throughput"], 0),
-                      f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}",
-                      _f(m["free_after_ms"], 1), _f(m["violations"], 0),
-                      _f(m["cpu_per_grant_us"], 0)])  # fmt: skip
-    return _table(["library", "loop", "grants", "grants/s", "grants per process",
-                   "free after ms", "overlaps", "client CPU µs per grant"], lines)  # fmt: skip
+    def cells(_: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
+        return [_f(m["grants"], 0), _f(m["throughput"], 0),
+                f"{_f(m['grants_min'], 0)} to {_f(m['grants_max'], 0)}",
+                _f(m["free_after_ms"], 1), _f(m["violations"], 0),
+                _f(m["cpu_per_grant_us"], 0)]  # fmt: skip
+
+    return _section(doc, _rows(doc, backend, "storm"),
+                    ["library", "loop", "grants", "grants/s", "grants per process",
+                     "free after ms", "overlaps", "client CPU µs per grant"],
+                    cells)  # fmt: skip
 
 
 def _versus(doc: Doc, backend: str) -> str:
@@ -299,6 +299,23 @@ def _targets(doc: Doc) -> str:
     mark = {True: "✅ met", False: "❌ missed", None: DASH}
     lines = [[t["target"], t["subject"], t["measured"], mark[t["met"]]] for t in doc["targets"]]
     return _table(["target", "subject", "measured (median of runs)", ""], lines)
+
+
+def _storm_reading(s: Mapping[str, Any]) -> list[str]:
+    """How to read the storm's table (nothing for a page measured before it existed)."""
+    if "storm_processes" not in s:
+        return []
+    return [
+        f"- **Cancellation storm** (aiodlock only: the incumbents have no comparable "
+        f"recipe under cancellation): {s['storm_processes']} processes of "
+        f"{s['storm_tasks']} tasks each loop on one lock for {s['storm_duration']:g} s (lease "
+        f"{s['storm_ttl']:g} s; ZooKeeper session timeout {s['storm_session_timeout']:g} s); "
+        "every acquisition is cut off by a timeout drawn from 0-50 ms at whatever await point "
+        "it reached, and a granted task holds the lock 0-2 ms. *Free after*: with the storm's "
+        "clients still open, how long a fresh client then took to get the lock (what a "
+        "cancelled acquisition left behind would hold it up to the lease). *Overlaps*: more "
+        "holders at once than the lock allows (must be 0).",
+    ]
 
 
 def markdown(doc: Doc) -> str:
@@ -400,16 +417,7 @@ def markdown(doc: Doc) -> str:
         "election timeout, so aetcd's figure includes 0.5 s more); etcd revokes expired "
         "leases on a 500 ms tick. MySQL, PostgreSQL: from the "
         "holder's exit.",
-        f"- **Cancellation storm** (aiodlock only: the incumbents have no comparable "
-        f"recipe under cancellation): {s['storm_processes']} processes of "
-        f"{s['storm_tasks']} tasks each loop on one lock for {s['storm_duration']:g} s "
-        "(lease "
-        f"{s['storm_ttl']:g} s; ZooKeeper session timeout {s['storm_session_timeout']:g} s); "
-        "every acquisition is cut off by a timeout drawn from 0-50 ms at whatever await point "
-        "it reached, and a granted task holds the lock 0-2 ms. *Free after*: with the storm's "
-        "clients still open, how long a fresh client then took to get the lock (what a "
-        "cancelled acquisition left behind would hold it up to the lease). *Overlaps*: more "
-        "holders at once than the lock allows (must be 0).",
+        *_storm_reading(s),
         "- Incumbents run with their defaults, except that their redis-py connection pools "
         "may open up to 2000 connections (redis-py 8's default of 100 makes 900 of 1000 "
         "waiters fail with `MaxConnectionsError`). aiodlock rows run under both event loops; "
