@@ -30,6 +30,7 @@ _READY_TIMEOUT = 60.0
 _CUT_OFF = 0.05  # the longest timeout an acquisition is given
 _HOLD = 0.002  # the longest hold
 _PAST_LEASE = 1.0  # how long past the lease the probe waits for the lock
+_LINE_LIMIT = 1 << 26  # a member's answer is one line with every hold: thousands of them
 
 
 async def member(
@@ -80,6 +81,7 @@ async def run(
             json.dumps(spec),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            limit=_LINE_LIMIT,
         )
         for _ in range(processes)
     ]
