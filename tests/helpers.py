@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -23,6 +23,7 @@ __all__ = [
     "cut_off_grants",
     "eventually",
     "holder_process",
+    "interruptible_children",
     "reading_stdin",
     "release_meets_keep_alives",
     "running_loop_name",
@@ -258,6 +259,24 @@ def sockets_to(port: int) -> int:
 
 # The read system call's number, by machine (asm/unistd.h).
 _READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63}
+
+
+@contextlib.contextmanager
+def interruptible_children() -> Iterator[None]:
+    """Start children (within the block) that Ctrl-C (SIGINT) interrupts, as it does a command
+    a person runs at a terminal, whatever this process inherited.
+
+    A shell without job control starts a background command with SIGINT ignored, and an ignored
+    signal stays ignored across ``exec``: a test suite launched that way hands it on to every
+    child, whose Python then installs no ``KeyboardInterrupt`` handler. A handled signal is
+    reset to its default by ``exec``, so handling it here for the moment of the spawn is
+    enough.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def reading_stdin(pid: int) -> bool:

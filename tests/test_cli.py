@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 
 import aiodlock
-from tests.helpers import reading_stdin, wait_until
+from tests.helpers import interruptible_children, reading_stdin, wait_until
 from tests.servers import free_port
 
 if TYPE_CHECKING:
@@ -401,22 +401,23 @@ async def test_ctrl_c_at_the_question_is_a_no_without_a_traceback(redis_url: str
             aiodlock.connect(redis_url, namespace=ns) as locks,
             locks.lock("kept", ttl=30) as lease,
         ):
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-W",
-                "error",
-                "-m",
-                "aiodlock",
-                "break",
-                redis_url,
-                "kept",
-                "-n",
-                ns,
-                cwd=ROOT,
-                stdin=terminal,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
+            with interruptible_children():
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-W",
+                    "error",
+                    "-m",
+                    "aiodlock",
+                    "break",
+                    redis_url,
+                    "kept",
+                    "-n",
+                    ns,
+                    cwd=ROOT,
+                    stdin=terminal,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
             assert process.stderr is not None
             async with asyncio.timeout(TIMEOUT):
                 asked = await process.stderr.readuntil(b"[y/N] ")
