@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0
+CLI = (sys.executable, "-W", "error", "-m", "aiodlock")
+"""The command line, as a user runs it (any warning fails the test)."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,7 @@ async def aiodlock_cli(*args: str, stdin: Any = subprocess.DEVNULL, answer: byte
         master, stdin = pty.openpty()
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-W",
-            "error",
-            "-m",
-            "aiodlock",
+            *CLI,
             *args,
             cwd=ROOT,
             stdin=stdin,
@@ -403,11 +401,7 @@ async def test_ctrl_c_at_the_question_is_a_no_without_a_traceback(redis_url: str
         ):
             with interruptible_children():
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-W",
-                    "error",
-                    "-m",
-                    "aiodlock",
+                    *CLI,
                     "break",
                     redis_url,
                     "kept",
