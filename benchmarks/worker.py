@@ -136,7 +136,7 @@ async def _cell(job: Job) -> dict[str, object]:
             return await storm.run(
                 {**job, "session_timeout": session_timeout}, adapter,
                 processes=p["storm_processes"], tasks=p["storm_tasks"],
-                duration=p["storm_duration"], ttl=p["storm_ttl"], limit=adapter.holders,
+                duration=p["storm_duration"], ttl=p["storm_ttl"],
             )  # fmt: skip
         finally:
             await _closed(adapter)

@@ -69,7 +69,6 @@ async def run(
     tasks: int,
     duration: float,
     ttl: float,
-    limit: int,
 ) -> dict[str, object]:
     """The storm across ``processes`` members, then one acquisition of ``adapter``'s."""
     spec = {**job, "mode": "storm-member", "tasks": tasks, "ttl": ttl}
@@ -122,7 +121,7 @@ async def run(
         "throughput": sum(grants) / duration,
         "free_after_ms": 1000 * free_after,
         "lease_ms": 1000 * ttl,
-        "violations": _excess(holds, limit),
+        "violations": _excess(holds, adapter.holders),
         # No grant, no figure (the CPU went somewhere, but not into grants).
         "cpu_per_grant_us": 1e6 * sum(float(a["cpu"]) for a in answers) / len(holds)
         if holds
